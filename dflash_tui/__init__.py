@@ -1,0 +1,1 @@
+"""dflash-tui: the monitor and control half. Never imports torch (see DESIGN.md)."""

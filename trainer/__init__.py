@@ -1,0 +1,1 @@
+"""A DFlash drafter trainer: frozen target features, a block-diffusion drafter, a run dir."""

@@ -1,0 +1,135 @@
+"""The DFlash attention mask and the two backends that apply it.
+
+Keys are `[context (ctx_len) ; block tokens (N * block_size)]`, queries are the block tokens.
+A query in block n, anchored at position a_n, may attend to
+  - context positions kv < a_n (strictly: the anchor's own hidden state does not exist yet
+    at inference time, the `<=` bug fixed by SpecForge PR #473),
+  - every token of its own block (bidirectional within the block),
+and nothing else. A padded block (keep = False) attends to nothing.
+
+Backends:
+  - "sdpa": a dense boolean mask and `scaled_dot_product_attention` (CPU; flex has no CPU
+    backward). Rows with nothing visible are given one harmless key and zeroed afterwards, so
+    they produce no NaN.
+  - "flex": a block-sparse `BlockMask` plus compiled `flex_attention` (CUDA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def dense_dflash_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> Tensor:
+    """bool[B, N*bs, ctx_len + N*bs]; True = may attend."""
+    N = anchors.shape[1]
+    device = anchors.device
+    q_block = torch.arange(N * block_size, device=device) // block_size  # [Q]
+    kv = torch.arange(ctx_len + N * block_size, device=device)  # [KV]
+    q_anchor = anchors[:, q_block]  # [B, Q]
+    q_keep = keep[:, q_block].bool()  # [B, Q]
+    is_ctx = kv < ctx_len
+    ctx_ok = is_ctx[None, None, :] & (kv[None, None, :] < q_anchor[:, :, None])
+    kv_block = (kv - ctx_len).clamp(min=0) // block_size
+    own = (~is_ctx)[None, None, :] & (kv_block[None, None, :] == q_block[None, :, None])
+    return (ctx_ok | own) & q_keep[:, :, None]
+
+
+def dflash_mask_mod(
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """The same predicate as `dense_dflash_mask`, in flex_attention's mask_mod form."""
+    keep_b = keep.bool()
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        blk = q_idx // block_size
+        anchor = anchors[b, blk]
+        is_ctx = kv_idx < ctx_len
+        ctx_ok = is_ctx & (kv_idx < anchor)
+        own = (~is_ctx) & ((kv_idx - ctx_len) // block_size == blk)
+        return keep_b[b, blk] & (ctx_ok | own)
+
+    return mask_mod
+
+
+@dataclass
+class DenseMask:
+    """SDPA form: the boolean mask, with rows that see nothing patched to avoid NaN."""
+
+    mask: Tensor  # bool [B, 1, Q, KV], every row has at least one True
+    empty_rows: Tensor  # bool [B, 1, Q, 1]: rows whose output must be zeroed
+
+
+def make_dense_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> DenseMask:
+    mask = dense_dflash_mask(anchors, keep, ctx_len, block_size)[:, None]
+    empty = ~mask.any(dim=-1, keepdim=True)
+    # An all-False row would make softmax NaN (and its gradient NaN everywhere it flows):
+    # let it see every key, then zero its output.
+    return DenseMask(mask=mask | empty, empty_rows=empty)
+
+
+_compiled_flex: Any = None
+_compiled_block_mask: Any = None
+
+
+def compiled_flex_attention() -> Any:
+    """One process-wide compiled flex_attention (compiling it per call would recompile)."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def make_block_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> Any:
+    """Block-sparse mask for flex_attention. H=None: every head shares the mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, N = anchors.shape
+    mask_mod = dflash_mask_mod(anchors, keep, ctx_len, block_size)
+    # Compiled, the mask is built blockwise instead of materialising [B, Q, KV] densely. On CPU
+    # (forward checks only) the dense build is small and skips a ~20 s compile.
+    return create_block_mask(
+        mask_mod,
+        B,
+        None,
+        N * block_size,
+        ctx_len + N * block_size,
+        device=anchors.device,
+        _compile=anchors.device.type == "cuda",
+    )
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: DenseMask | Any | None) -> Tensor:
+    """q [B, Hq, Q, D]; k, v [B, Hkv, KV, D] (GQA when Hq > Hkv). mask None = full attention."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if isinstance(mask, DenseMask):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.mask, enable_gqa=gqa)
+        return out.masked_fill(mask.empty_rows, 0.0)
+    return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    if name == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if name == "flex" and device.type == "cpu":
+        raise ValueError(
+            "train.attention: 'flex' has no backward pass on CPU; use 'sdpa' or 'auto'"
+        )
+    return name
+
+
+def make_mask(
+    backend: str, anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int
+) -> DenseMask | Any:
+    if backend == "flex":
+        return make_block_mask(anchors, keep, ctx_len, block_size)
+    return make_dense_mask(anchors, keep, ctx_len, block_size)

@@ -1,0 +1,179 @@
+"""The frozen target: loaded truncated to the highest layer the drafter reads.
+
+The drafter reads `hidden_states[id + 1]` (the output of decoder layer `id`) for each chosen
+layer. Layers above the highest id are never loaded and never run: for a 64-layer 27B target
+read at layers up to 61, that is 2 layers of weights and compute saved; for the lm_head (the
+largest single matmul) all of it: the target's own logits are never computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """DFlash's spread: round(1 + i*(L-4)/(n-1)) for i in 0..n-1, or L//2 for one layer."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    # Python's round (half to even), as the reference implementation uses.
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def _rope_theta(config: Any) -> float:
+    theta = getattr(config, "rope_theta", None)
+    params = getattr(config, "rope_parameters", None) or {}
+    if theta is None:
+        theta = params.get("rope_theta")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise ValueError(f"target rope type {rope_type!r} is not supported (only default RoPE)")
+    if theta is None:
+        raise ValueError("target config has no rope_theta")
+    return float(theta)
+
+
+@dataclass
+class TargetInfo:
+    num_layers: int  # of the full model, before truncation
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+
+
+class TargetFeatures(nn.Module):
+    """Runs the truncated target and returns the chosen layers' outputs, concatenated."""
+
+    def __init__(self, base: nn.Module, layer_ids: list[int], full_num_layers: int) -> None:
+        super().__init__()
+        self.base = base
+        self.layer_ids = list(layer_ids)
+        # HF's hidden_states[L] (the very last one) is the *normed* final output; a truncated
+        # model would not norm it, so emulate that for an explicitly chosen last layer.
+        self.norm_last = full_num_layers - 1 in self.layer_ids
+        self._captured: dict[int, Tensor] = {}
+        layers: Any = base.layers
+        for i in self.layer_ids:
+            layers[i].register_forward_hook(self._capture_hook(i))
+
+    def _capture_hook(self, i: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            self._captured[i] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @torch.no_grad()
+    def forward(self, input_ids: Tensor) -> Tensor:
+        """int64 [B, S] -> [B, S, n*H]. Right padding needs no mask: attention is causal."""
+        self._captured.clear()
+        self.base(input_ids=input_ids, use_cache=False)
+        feats = []
+        for i in self.layer_ids:
+            h = self._captured[i]
+            if self.norm_last and i == max(self.layer_ids):
+                norm: Any = self.base.norm
+                h = norm(h)
+            feats.append(h)
+        self._captured.clear()
+        return torch.cat(feats, dim=-1)
+
+
+@dataclass
+class LoadedTarget:
+    features: TargetFeatures
+    embed_weight: Tensor
+    lm_head_weight: Tensor
+    info: TargetInfo
+    layer_ids: list[int]
+
+
+def read_target_info(path: Path) -> TargetInfo:
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(path)
+    return TargetInfo(
+        num_layers=c.num_hidden_layers,
+        hidden_size=c.hidden_size,
+        num_heads=c.num_attention_heads,
+        num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        intermediate_size=c.intermediate_size,
+        vocab_size=c.vocab_size,
+        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+        rope_theta=_rope_theta(c),
+    )
+
+
+def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
+    bad = [i for i in layer_ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"drafter.target_layer_ids: {bad} outside the target's layers 0..{num_layers - 1}"
+        )
+    if len(set(layer_ids)) != len(layer_ids):
+        raise ValueError(f"drafter.target_layer_ids: duplicates in {layer_ids}")
+
+
+def load_target(
+    path: Path, layer_ids: list[int], dtype: torch.dtype, device: torch.device
+) -> LoadedTarget:
+    """Load with `AutoModelForCausalLM.from_pretrained`, keeping layers 0..max(layer_ids) only."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    full = config.num_hidden_layers
+    check_layer_ids(layer_ids, full)
+    keep = max(layer_ids) + 1
+    config.num_hidden_layers = keep
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:keep]
+    # The dropped layers' weights are expected to go unused: no warning per tensor, and no
+    # progress bars in train.log.
+    from transformers.utils import logging as tf_logging
+
+    verbosity = tf_logging.get_verbosity()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    finally:
+        tf_logging.set_verbosity(verbosity)
+    model.to(device).eval().requires_grad_(False)
+    base = model.model
+    embed = base.embed_tokens.weight
+    head = model.get_output_embeddings().weight
+    info = read_target_info(path)
+    return LoadedTarget(
+        features=TargetFeatures(base, layer_ids, full),
+        embed_weight=embed,
+        lm_head_weight=head,
+        info=info,
+        layer_ids=list(layer_ids),
+    )
+
+
+def load_tokenizer(path: Path, mask_token: str) -> tuple[Any, int]:
+    """The target's tokenizer, with a mask token added when it has none. Returns (tok, mask id)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.mask_token_id is None:
+        tok.add_special_tokens({"mask_token": mask_token})
+    return tok, int(tok.mask_token_id)
