@@ -12,12 +12,8 @@ import pytest
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-# `.venv/bin/pytest` does not put the repo root on sys.path (the project is not installed), so
-# `import trainer` would find nothing, or tests/trainer/ as a namespace package. Setting
-# `pythonpath = ["."]` in pyproject's [tool.pytest.ini_options] would make this unnecessary.
-ROOT = str(Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+ROOT = Path(__file__).resolve().parents[1]
+TINY_CONFIG = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,3 +37,125 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     from trainer.tiny_target import build_tokenizer
 
     return build_tokenizer()
+
+
+class TrainerProcess:
+    """A real `python -m trainer` process, its stdout going to a file as under nohup."""
+
+    def __init__(self, run_root: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        import os
+        import subprocess
+
+        self.run_root = run_root
+        run_root.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = run_root / f"stdout-{len(list(run_root.glob('stdout-*')))}.txt"
+        self._stdout = open(self.stdout_path, "w")  # noqa: SIM115
+        before = set(run_root.iterdir())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--run-root", str(run_root), *args],
+            stdout=self._stdout,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+        )
+        self.run_dir = self._find_run_dir(before)
+
+    def _find_run_dir(self, before: set[Path]) -> Path:
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            new = [p for p in self.run_root.iterdir() if p.is_dir() and p not in before]
+            if new:
+                return new[0]
+            if self.proc.poll() is not None:
+                raise AssertionError(f"trainer exited early: {self.stdout_path.read_text()}")
+            time.sleep(0.05)
+        raise AssertionError("no run dir appeared within 30 s")
+
+    def heartbeat(self) -> dict | None:
+        import json
+
+        try:
+            return json.loads((self.run_dir / "heartbeat.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def read(self, name: str) -> str:
+        """A run dir file's text; "" until it exists."""
+        try:
+            return (self.run_dir / name).read_text()
+        except FileNotFoundError:
+            return ""
+
+    def metrics(self) -> list[dict]:
+        import json
+
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+    def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition"):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                value = predicate()
+                if value:
+                    return value
+                raise AssertionError(
+                    f"trainer exited ({self.proc.returncode}) before {what}:\n"
+                    + self.stdout_path.read_text()[-3000:]
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+    def wait_step(self, step: int, timeout: float = 60.0) -> dict:
+        return self.wait_for(
+            lambda: (hb := self.heartbeat()) and hb["step"] >= step and hb,
+            timeout,
+            f"step {step}",
+        )
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._stdout.close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._stdout.close()
+
+
+@pytest.fixture
+def start_trainer(tmp_path: Path):
+    """start_trainer(*args, env=...) -> TrainerProcess with the tiny config; killed at the end."""
+    procs: list[TrainerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, root: Path | None = None):
+        # A resumed run takes its parent's config.json, not the file.
+        config = [] if "--resume" in args else ["--config", str(TINY_CONFIG)]
+        p = TrainerProcess(
+            root or tmp_path / "runs",
+            *config,
+            "--set",
+            "runtime.wandb_mode=disabled",
+            *args,
+            env=env,
+        )
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()

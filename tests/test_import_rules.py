@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # trainer modules that dflash_tui may import: they must import the stdlib only.
-STDLIB_ONLY_TRAINER_MODULES: set[str] = set()
+STDLIB_ONLY_TRAINER_MODULES: set[str] = {"trainer.contract"}
 
 
 def imports_of(path: Path) -> set[str]:

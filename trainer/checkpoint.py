@@ -22,8 +22,7 @@ _NAME = re.compile(r"^step-(\d+)\.pt$")
 @dataclass
 class TrainPosition:
     step: int  # optimizer steps done
-    epoch: int  # epoch of the next batch
-    batch_in_epoch: int  # index of the next batch within that epoch
+    batches: int  # global batches consumed (all epochs, all drafter replicas)
     tokens: int  # real tokens trained on so far
 
 

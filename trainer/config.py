@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 import types
 import typing
@@ -83,7 +84,23 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     # "auto": flex on CUDA, sdpa on CPU (flex has no CPU backward).
     attention: str = "auto"
-    device: str = "auto"
+
+
+@dataclass
+class RuntimeConfig:
+    # Device of each target thread and each drafter thread: "cuda:N", N, "cpu" or "auto"
+    # (cuda:0 when there is a GPU, else cpu). Roles may share a device; each is its own thread.
+    targets: list[str] = field(default_factory=lambda: ["auto"])
+    drafters: list[str] = field(default_factory=lambda: ["auto"])
+    prefetch_threads: int = 0  # 0 = one per target
+    q_pre_size: int = 8  # batches waiting for each target
+    q_hs_size: int = 4  # feature batches waiting for each drafter, per target
+    heartbeat_interval: float = 1.0
+    # Inductor/Triton cache, kept outside the run dir so a restart reuses it.
+    # "" = <cache dir>/compile (see DFLASH_CACHE_DIR).
+    compile_cache_dir: str = ""
+    wandb_mode: str = "offline"
+    wandb_project: str = "dflash"
 
 
 @dataclass
@@ -93,6 +110,7 @@ class Config:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,12 +124,18 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "data.format": ("auto", "sharegpt", "text"),
     "train.loss_impl": ("fused", "checkpoint"),
     "train.attention": ("auto", "flex", "sdpa"),
+    "runtime.wandb_mode": ("offline", "online", "disabled"),
 }
+# Device lists accept bare GPU indices (targets = [0, 1, 2]) as TOML ints.
+_DEVICE_KEYS = ("runtime.targets", "runtime.drafters")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
     """Check `value` against the field's type; ints are accepted where floats are."""
     origin = typing.get_origin(annotation)
+    if key in _DEVICE_KEYS:
+        return _devices(key, value)
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         if not isinstance(value, list):
@@ -139,6 +163,20 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
         return value
     raise AssertionError(f"{key}: unsupported annotation {annotation!r}")
+
+
+def _devices(key: str, value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{key}: expected a non-empty list of devices, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            out.append(f"cuda:{v}")
+        elif isinstance(v, str) and _DEVICE.match(v):
+            out.append(v)
+        else:
+            raise ConfigError(f"{key}: {v!r} is not a device (cpu, cuda:N, N or auto)")
+    return out
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
@@ -194,6 +232,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError("train.lr: must be positive")
     if len(cfg.train.betas) != 2:
         raise ConfigError("train.betas: expected two numbers")
+    r = cfg.runtime
+    for key in ("q_pre_size", "q_hs_size"):
+        if getattr(r, key) < 1:
+            raise ConfigError(f"runtime.{key}: must be at least 1")
+    if r.prefetch_threads < 0:
+        raise ConfigError("runtime.prefetch_threads: must be 0 (one per target) or more")
+    if not 0 < r.heartbeat_interval <= 2:
+        raise ConfigError("runtime.heartbeat_interval: must be in (0, 2] seconds")
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:

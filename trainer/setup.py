@@ -1,4 +1,4 @@
-"""Everything a run needs before its first step: target, tokenizer, data, drafter, optimizer."""
+"""Everything a run needs before its first step: target, tokenizer, data, drafters, optimizer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from trainer.attention import resolve_backend
 from trainer.blocks import default_gamma
@@ -16,6 +17,7 @@ from trainer.config import Config
 from trainer.data import Sample, batches_per_epoch, load_samples, resolve_data_path
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
+from trainer.replicas import DrafterReplicas
 from trainer.step import LossSettings
 from trainer.target import (
     LoadedTarget,
@@ -29,12 +31,19 @@ from trainer.target import (
 from trainer.tiny_target import resolve_target_path
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device: {name!r} requested but CUDA is not available")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{key}: {name!r} requested but CUDA is not available")
+        index = dev.index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{key}: {name!r} but only {torch.cuda.device_count()} GPU(s) are visible"
+            )
+        dev = torch.device("cuda", index)
     return dev
 
 
@@ -71,27 +80,37 @@ def loss_settings(cfg: Config, device: torch.device) -> LossSettings:
 @dataclass
 class RunSetup:
     cfg: Config
-    device: torch.device
+    target_devices: list[torch.device]
+    drafter_devices: list[torch.device]
     target_path: Path
-    target: LoadedTarget
+    targets: dict[torch.device, LoadedTarget]  # one loaded model per distinct device
     tokenizer: Any
     arch: DrafterArch
-    drafter: DFlashDrafter
+    replicas: DrafterReplicas
     optimizer: torch.optim.Optimizer
     samples: list[Sample]
     batches_per_epoch: int
     total_steps: int
     settings: LossSettings
 
+    @property
+    def devices(self) -> list[torch.device]:
+        return list(dict.fromkeys([*self.target_devices, *self.drafter_devices]))
+
 
 def build_run(
     cfg: Config,
     warn: Callable[[str], None],
-    phase: Callable[[str], None] = lambda _p: None,
+    phase: Callable[..., None] = lambda *_a, **_k: None,
+    progress: Callable[[int], None] = lambda _d: None,
 ) -> RunSetup:
-    """Load and build in the order that fails fastest on bad input."""
-    device = resolve_device(cfg.train.device)
-    settings = loss_settings(cfg, device)
+    """Check the cheap things first (devices, paths), then tokenize, then load weights."""
+    rt = cfg.runtime
+    target_devices = [resolve_device(d, "runtime.targets") for d in rt.targets]
+    drafter_devices = [resolve_device(d, "runtime.drafters") for d in rt.drafters]
+    settings = loss_settings(cfg, drafter_devices[0])
+    for dev in drafter_devices[1:]:
+        loss_settings(cfg, dev)  # refuses flex on a CPU replica too
     data_path = resolve_data_path(cfg.data.path)
     target_path = resolve_target_path(cfg.target.path)
     info = read_target_info(target_path)
@@ -106,21 +125,42 @@ def build_run(
     )
     per_epoch = batches_per_epoch(samples, cfg.data.seq_buckets, cfg.train.batch_size)
 
-    phase("loading_target")
-    target = load_target(target_path, layer_ids, resolve_dtype(cfg.target.dtype, device), device)
-    arch = drafter_arch(cfg, info, layer_ids, mask_id)
+    distinct = list(dict.fromkeys(target_devices))
+    phase("loading_target", total=len(distinct) + len(drafter_devices), unit="models")
+    targets: dict[torch.device, LoadedTarget] = {}
+    for i, dev in enumerate(distinct):
+        dtype = resolve_dtype(cfg.target.dtype, dev)
+        targets[dev] = load_target(target_path, layer_ids, dtype, dev)
+        progress(i + 1)
+    first = targets[distinct[0]]
+    # The frozen embedding/head each drafter device uses: the target's own when they share a
+    # device, else one copy per device.
+    embed_for: dict[torch.device, tuple[Tensor, Tensor]] = {}
+    for dev in drafter_devices:
+        if dev in targets:
+            embed_for[dev] = (targets[dev].embed_weight, targets[dev].lm_head_weight)
+        elif dev not in embed_for:
+            embed = first.embed_weight.to(dev)
+            tied = first.lm_head_weight.data_ptr() == first.embed_weight.data_ptr()
+            embed_for[dev] = (embed, embed if tied else first.lm_head_weight.to(dev))
+    arch = drafter_arch(cfg, first.info, layer_ids, mask_id)
     torch.manual_seed(cfg.train.seed)
-    drafter = DFlashDrafter(arch, target.embed_weight, target.lm_head_weight).to(device)
-    optimizer = make_optimizer(drafter, cfg.train, device)
-    total = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch))
+    embed, head = embed_for[drafter_devices[0]]
+    primary = DFlashDrafter(arch, embed, head).to(drafter_devices[0])
+    replicas = DrafterReplicas(primary, drafter_devices, embed_for)
+    progress(len(distinct) + len(drafter_devices))
+    optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
+    per_step = len(drafter_devices)
+    total = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch / per_step))
     return RunSetup(
         cfg=cfg,
-        device=device,
+        target_devices=target_devices,
+        drafter_devices=drafter_devices,
         target_path=target_path,
-        target=target,
+        targets=targets,
         tokenizer=tokenizer,
         arch=arch,
-        drafter=drafter,
+        replicas=replicas,
         optimizer=optimizer,
         samples=samples,
         batches_per_epoch=per_epoch,

@@ -8,6 +8,7 @@ largest single matmul) all of it: the target's own logits are never computed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,30 +69,33 @@ class TargetFeatures(nn.Module):
         # HF's hidden_states[L] (the very last one) is the *normed* final output; a truncated
         # model would not norm it, so emulate that for an explicitly chosen last layer.
         self.norm_last = full_num_layers - 1 in self.layer_ids
-        self._captured: dict[int, Tensor] = {}
+        # Per thread: target threads sharing one device share one model, and the hooks fire
+        # in whichever thread runs the forward.
+        self._local = threading.local()
         layers: Any = base.layers
         for i in self.layer_ids:
             layers[i].register_forward_hook(self._capture_hook(i))
 
     def _capture_hook(self, i: int) -> Callable[..., None]:
         def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            self._captured[i] = output[0] if isinstance(output, tuple) else output
+            self._local.captured[i] = output[0] if isinstance(output, tuple) else output
 
         return hook
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor) -> Tensor:
         """int64 [B, S] -> [B, S, n*H]. Right padding needs no mask: attention is causal."""
-        self._captured.clear()
+        captured: dict[int, Tensor] = {}
+        self._local.captured = captured
         self.base(input_ids=input_ids, use_cache=False)
+        self._local.captured = None
         feats = []
         for i in self.layer_ids:
-            h = self._captured[i]
+            h = captured[i]
             if self.norm_last and i == max(self.layer_ids):
                 norm: Any = self.base.norm
                 h = norm(h)
             feats.append(h)
-        self._captured.clear()
         return torch.cat(feats, dim=-1)
 
 

@@ -23,7 +23,7 @@ STEP_LINE = re.compile(
 
 def run_trainer(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
+        [sys.executable, "-m", "trainer", "--set", "runtime.wandb_mode=disabled", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -20,7 +20,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_shipped_tiny_config_loads():
     cfg = load_config(TINY)
     assert cfg.name == "tiny-cpu"
-    assert cfg.train.device == "cpu"
+    assert cfg.runtime.targets == ["cpu", "cpu"] and cfg.runtime.drafters == ["cpu", "cpu"]
     assert cfg.drafter.num_layers == 2
 
 
@@ -66,6 +66,18 @@ def test_bad_override_names_the_key():
         load_config(TINY, ["train.nope=1"])
     with pytest.raises(ConfigError, match=r"expected section\.key=value"):
         load_config(TINY, ["train.lr"])
+
+
+def test_device_lists_take_gpu_indices_and_refuse_nonsense():
+    cfg = load_config(None, ["runtime.targets=[0, 1, 2]", 'runtime.drafters=["cuda:3", "cpu"]'])
+    assert cfg.runtime.targets == ["cuda:0", "cuda:1", "cuda:2"]
+    assert cfg.runtime.drafters == ["cuda:3", "cpu"]
+    with pytest.raises(ConfigError, match=r"runtime\.drafters: 'gpu7' is not a device"):
+        load_config(None, ['runtime.drafters=["gpu7"]'])
+    with pytest.raises(ConfigError, match=r"runtime\.targets: expected a non-empty list"):
+        load_config(None, ["runtime.targets=[]"])
+    with pytest.raises(ConfigError, match=r"runtime\.heartbeat_interval"):
+        load_config(None, ["runtime.heartbeat_interval=5"])
 
 
 def test_missing_file_is_named(tmp_path):

@@ -1,0 +1,210 @@
+"""The trainer runtime on a real process: phases, unbuffered logs, heartbeat, signals, resume,
+and failures in every thread role."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+
+import pytest
+
+from trainer.contract import PHASES, check_heartbeat, parse_step_line
+
+LONG = ("--max-steps", "100000", "--set", "train.log_every=1")
+PIPELINE_THREADS = {"prefetch-0", "prefetch-1", "target-0", "target-1", "drafter-0", "drafter-1"}
+
+
+def test_phases_advance_and_the_heartbeat_stays_fresh(start_trainer):
+    p = start_trainer(*LONG)
+    seen: list[str] = []
+    ages = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        hb = p.heartbeat()
+        if hb:
+            check_heartbeat(hb)
+            if not seen or seen[-1] != hb["phase"]:
+                seen.append(hb["phase"])
+            ages.append(time.time() - hb["now"])
+            if hb["phase"] == "training" and hb["step"] >= 5:
+                break
+        time.sleep(0.05)
+    hb = p.heartbeat()
+    assert hb["phase"] == "training", seen
+    history = [h["phase"] for h in hb["phase_history"]]
+    assert history == [
+        "starting",
+        "loading_data",
+        "loading_target",
+        "compiling",
+        "warmup",
+        "training",
+    ]
+    # Observed phases appear in the order of the history (fast ones may be skipped).
+    assert [ph for ph in history if ph in seen] == seen
+    assert max(ages) < 2.5  # replaced at least every 2 s
+    assert hb["pid"] == p.proc.pid and hb["pgid"] > 0
+    assert hb["compile"]["recompiles"] == 0 and hb["compile"]["warmup_s"] is not None
+    assert len(hb["code_sha256"]) == 64
+    assert {t["name"] for t in hb["threads"]} >= PIPELINE_THREADS | {"heartbeat", "MainThread"}
+    roles = {t["name"]: t["role"] for t in hb["threads"]}
+    assert roles["target-1"] == "target" and roles["drafter-0"] == "drafter"
+    assert [q["capacity"] for q in hb["queues"]["q_pre"]] == [8, 8]
+    assert [q["capacity"] for q in hb["queues"]["q_hs"]] == [8, 8]
+    assert hb["gil"]["samples"] > 0 and hb["gil"]["p99_ms"] >= hb["gil"]["p50_ms"] >= 0
+    assert hb["tok_s"] > 0
+    assert sum(t["cpu_pct"] for t in hb["threads"]) > 0
+    p.signal(signal.SIGTERM)
+    assert p.wait() == 0
+
+
+def test_step_lines_reach_the_log_while_the_process_runs(start_trainer):
+    # stdout is a file here, as under `nohup … > file`: the buffering trap.
+    p = start_trainer(*LONG)
+    p.wait_for(lambda: "step=3 " in p.read("train.log"), 60, "a step line")
+    assert p.proc.poll() is None
+    p.wait_for(lambda: "step=3 " in p.stdout_path.read_text(), 10, "a step line on stdout")
+    assert p.proc.poll() is None
+    lines = [ln for ln in (p.run_dir / "train.log").read_text().splitlines() if "step=" in ln]
+    parsed = parse_step_line(lines[0])
+    assert parsed is not None and len(parsed["q_pre"]) == 2 and len(parsed["q_hs"]) == 2
+    p.signal(signal.SIGTERM)
+    assert p.wait() == 0
+
+
+def test_metrics_and_heartbeat_agree(start_trainer):
+    p = start_trainer("--max-steps", "12", "--set", "train.log_every=3")
+    assert p.wait() == 0
+    hb = p.heartbeat()
+    metrics = p.metrics()
+    assert [m["step"] for m in metrics] == [3, 6, 9, 12]
+    last = metrics[-1]
+    assert hb["phase"] == "finished" and hb["exit_code"] == 0
+    assert hb["step"] == last["step"] == 12
+    assert hb["tokens"] == last["tokens"]
+    assert hb["epoch"] == pytest.approx(last["epoch"])
+    assert set(last["memory"]) == set(hb["memory"]) == {"cpu"}
+    lines = [ln for ln in (p.run_dir / "train.log").read_text().splitlines() if "step=" in ln]
+    for m, line in zip(metrics, lines, strict=True):
+        fields = parse_step_line(line)
+        assert fields["step"] == m["step"]
+        assert fields["loss"] == pytest.approx(m["loss"], abs=5e-5)
+        assert fields["q_pre"] == m["q_pre"] and fields["q_hs"] == m["q_hs"]
+
+
+def test_sigusr1_dumps_every_thread_without_disturbing_training(start_trainer):
+    p = start_trainer(*LONG)
+    hb = p.wait_step(3)
+    p.signal(signal.SIGUSR1)
+    t0 = time.monotonic()
+    dump = p.wait_for(lambda: list(p.run_dir.glob("stacks-2*.txt")), 5, "a stack dump")[0]
+    p.wait_for(lambda: "# faulthandler" in dump.read_text(), 5, "the dump to complete")
+    assert time.monotonic() - t0 < 1.5
+    text = dump.read_text()
+    for name in PIPELINE_THREADS | {"heartbeat", "MainThread"}:
+        assert f'Thread "{name}"' in text, name
+    assert "role=drafter@cpu" in text
+    # Training goes on.
+    p.wait_step(hb["step"] + 3)
+    p.signal(signal.SIGTERM)
+    assert p.wait() == 0
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(start_trainer):
+    p = start_trainer(*LONG)
+    p.wait_step(4)
+    p.signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0
+    hb = p.heartbeat()
+    assert hb["phase"] == "finished" and hb["exit_code"] == 0
+    ckpts = sorted(p.run_dir.glob("checkpoints/step-*.pt"))
+    assert [c.name for c in ckpts] == [f"step-{hb['step']:08d}.pt"]
+    assert [h["phase"] for h in hb["phase_history"]][-3:] == [
+        "stopping",
+        "checkpointing",
+        "finished",
+    ]
+    assert not list(p.run_dir.glob("checkpoints/.*"))  # no temp file left behind
+
+
+def test_resume_continues_the_same_trajectory(start_trainer, tmp_path):
+    """SIGTERM a run, resume it, and compare with a run never interrupted."""
+    args = ("--max-steps", "400", "--set", "train.log_every=1")
+    ref = start_trainer(*args, root=tmp_path / "ref")
+    ref.wait_step(30)
+    ref.signal(signal.SIGTERM)
+    assert ref.wait() == 0
+
+    cut = start_trainer(*args, root=tmp_path / "cut")
+    cut.wait_step(4)
+    cut.signal(signal.SIGTERM)
+    assert cut.wait() == 0
+    stopped_at = cut.heartbeat()["step"]
+    assert stopped_at < 25
+
+    resumed = start_trainer("--resume", str(cut.run_dir), root=tmp_path / "resumed")
+    resumed.wait_step(30)
+    resumed.signal(signal.SIGTERM)
+    assert resumed.wait() == 0
+    config = json.loads((resumed.run_dir / "config.json").read_text())
+    assert config["run"]["parent"] == str(cut.run_dir.resolve())
+    assert config["run"]["checkpoint"].endswith(f"step-{stopped_at:08d}.pt")
+
+    expected = {m["step"]: m for m in ref.metrics()}
+    got = resumed.metrics()
+    assert got[0]["step"] == stopped_at + 1
+    compared = 0
+    for m in got:
+        if m["step"] in expected and m["step"] <= 30:
+            assert m["loss"] == pytest.approx(expected[m["step"]]["loss"], rel=1e-6), m["step"]
+            assert m["tokens"] == expected[m["step"]]["tokens"]
+            compared += 1
+    assert compared >= 30 - stopped_at
+
+
+@pytest.mark.parametrize(
+    ("role", "thread"), [("prefetch", "prefetch-"), ("target", "target-"), ("drafter", "drafter-")]
+)
+def test_a_failure_in_any_thread_stops_the_run(start_trainer, role, thread):
+    p = start_trainer(*LONG, env={"DFLASH_FAULT": f"{role}:3"})
+    t0 = time.monotonic()
+    code = p.wait(timeout=60)
+    assert code == 1
+    hb = p.heartbeat()
+    assert hb["phase"] == "crashed" and hb["exit_code"] == 1
+    assert hb["error"]["thread"].startswith(thread)
+    assert "InjectedFault" in hb["error"]["traceback"]
+    assert f"injected fault in {role}" in hb["error"]["message"]
+    assert "error in" in (p.run_dir / "train.log").read_text()
+    assert time.monotonic() - t0 < 45
+
+
+def test_wandb_offline_is_recorded_and_its_absence_is_one_line(start_trainer, tmp_path):
+    p = start_trainer("--max-steps", "3", "--set", "runtime.wandb_mode=offline")
+    assert p.wait() == 0
+    hb = p.heartbeat()
+    config = json.loads((p.run_dir / "config.json").read_text())
+    assert hb["wandb"]["mode"] == "offline" and hb["wandb"]["id"]
+    assert config["run"]["wandb"] == hb["wandb"]
+
+    # A stand-in that fails to import, as when wandb is not installed.
+    fake = tmp_path / "no-wandb"
+    fake.mkdir()
+    (fake / "wandb.py").write_text("raise ImportError('No module named wandb')\n")
+    q = start_trainer(
+        "--max-steps",
+        "3",
+        "--set",
+        "runtime.wandb_mode=offline",
+        env={"PYTHONPATH": f"{fake}:{sys.path[0]}"},
+    )
+    assert q.wait() == 0
+    notes = [ln for ln in (q.run_dir / "train.log").read_text().splitlines() if "wandb" in ln]
+    assert len(notes) == 1 and "not installed" in notes[0]
+    assert q.heartbeat()["wandb"]["mode"] == "absent"
+
+
+def test_phases_are_the_contracts():
+    assert PHASES[0] == "starting" and {"finished", "crashed"} <= set(PHASES)

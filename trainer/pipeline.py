@@ -1,0 +1,413 @@
+"""The threaded pipeline: prefetch -> target (one thread per target) -> drafter (one per replica).
+
+Routing is fixed by the global batch number g (counted from this run's start, g0):
+  - target t = (g - g0) % T forwards it, drafter replica r = (g - g0) % D trains on it,
+  - optimizer step s trains batches g0 + (s - s0)*D + r, r = 0..D-1,
+  - each (target, drafter) pair has its own bounded FIFO `q_hs[t][r]`.
+So every replica sees the same batches whatever the thread timing: runs are reproducible
+and a resume continues the same trajectory. It cannot deadlock: the smallest batch not yet
+trained has all its predecessors consumed, so its target and prefetch thread are free to
+produce it.
+
+Any exception in any thread sets `abort`: every queue wait and the step barrier give up
+within ~0.1 s, the traceback goes into the run state (and the heartbeat), and the main
+thread reports the crash.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trainer.checkpoint import TrainPosition
+from trainer.data import collate, epoch_batches, pick_bucket
+from trainer.faults import FaultPlan
+from trainer.loss import STAT_NAMES, LossOutput
+from trainer.memory import device_memory
+from trainer.optim import lr_at, noise_at, set_lr
+from trainer.runstate import RunState
+from trainer.setup import RunSetup
+from trainer.step import BlockBatch, batch_seed, drafter_loss, prepare_blocks
+from trainer.steplog import RunLog, StepRecord
+from trainer.transfer import send, wait_ready
+
+_POLL_S = 0.1  # how often a blocked thread looks up to see whether the run is ending
+
+
+class Aborted(Exception):
+    """Raised inside a worker when the run is ending for a reason found elsewhere."""
+
+
+@dataclass
+class FeatureItem:
+    g: int
+    blocks: BlockBatch  # on the drafter's device
+    features: Tensor  # on the drafter's device
+    ready: Any  # torch.cuda.Event | None: the copy to the drafter device has finished
+
+
+def autocast_for(device: torch.device) -> Any:
+    import contextlib
+
+    # bf16 compute with fp32 master weights on GPU; plain fp32 on CPU.
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Pipeline:
+    def __init__(
+        self,
+        run: RunSetup,
+        state: RunState,
+        log: RunLog,
+        position: TrainPosition,
+        save_checkpoint: Callable[[TrainPosition], object],
+        on_metrics: Callable[[dict[str, Any], int], None] = lambda _m, _s: None,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        self.run, self.state, self.log = run, state, log
+        self.cfg = run.cfg
+        self.save_checkpoint, self.on_metrics = save_checkpoint, on_metrics
+        self.faults = faults or FaultPlan()
+        self.T, self.D = len(run.target_devices), len(run.drafter_devices)
+        rt = self.cfg.runtime
+        self.P = rt.prefetch_threads or self.T
+        self.q_pre: list[queue.Queue[BlockBatch]] = [
+            queue.Queue(maxsize=rt.q_pre_size) for _ in range(self.T)
+        ]
+        self.q_hs: list[list[queue.Queue[FeatureItem]]] = [
+            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)] for _ in range(self.T)
+        ]
+        self.position = TrainPosition(**position.__dict__)
+        self.s0, self.g0 = position.step, position.batches
+        self.g_end = self.g0 + (run.total_steps - self.s0) * self.D
+        self.abort = threading.Event()  # a thread failed
+        self.shutdown = threading.Event()  # the drafters are done: everyone leaves
+        self.stop_request = threading.Event()  # SIGTERM: finish this step, then stop
+        self.stopped_early = False
+        self.barrier = threading.Barrier(self.D)
+        self.outs: list[LossOutput | None] = [None] * self.D
+        self.out_tokens = [0] * self.D
+        self._finish = False
+        self._orders: dict[int, list[list[int]]] = {}
+        self._orders_lock = threading.Lock()
+        self._target_batches = 0
+        self._count_lock = threading.Lock()
+        self._window = _Window(self)
+        self.threads: list[threading.Thread] = []
+        self.drafter_threads: list[threading.Thread] = []
+
+    # -- queue helpers that give up when the run ends ----------------------------------
+    def _ending(self) -> bool:
+        return self.abort.is_set() or self.shutdown.is_set()
+
+    def _get(self, q: queue.Queue[Any], state: str) -> Any:
+        self.state.thread_state(state)
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._ending():
+                    raise Aborted from None
+
+    def _put(self, q: queue.Queue[Any], item: Any, state: str) -> None:
+        self.state.thread_state(state)
+        while True:
+            try:
+                q.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                if self._ending():
+                    raise Aborted from None
+
+    def _barrier_wait(self) -> None:
+        self.state.thread_state("waiting for replicas")
+        while True:
+            try:
+                self.barrier.wait(timeout=_POLL_S * 10)
+                return
+            except threading.BrokenBarrierError:
+                if self._ending():
+                    raise Aborted from None
+                raise
+            except TimeoutError:  # pragma: no cover - Barrier raises BrokenBarrierError
+                continue
+
+    # -- data order ----------------------------------------------------------------------
+    def _epoch_order(self, epoch: int) -> list[list[int]]:
+        with self._orders_lock:
+            if epoch not in self._orders:
+                c = self.cfg
+                self._orders[epoch] = epoch_batches(
+                    self.run.samples,
+                    c.data.seq_buckets,
+                    c.train.batch_size,
+                    c.train.seed,
+                    epoch,
+                    shuffle=c.data.shuffle,
+                )
+                # Prefetch threads straddle at most two epochs; older orders are done.
+                for old in [e for e in self._orders if e < epoch - 1]:
+                    del self._orders[old]
+            return self._orders[epoch]
+
+    def make_batch(self, g: int) -> BlockBatch:
+        per_epoch = self.run.batches_per_epoch
+        epoch, index = divmod(g, per_epoch)
+        indices = self._epoch_order(epoch)[index]
+        samples = self.run.samples
+        bucket = pick_bucket(
+            max(len(samples[i].input_ids) for i in indices), self.cfg.data.seq_buckets
+        )
+        pad_id = self.run.tokenizer.pad_token_id or 0
+        batch = collate(samples, indices, bucket, pad_id, index)
+        blocks = prepare_blocks(batch, self.cfg.train.num_anchors, self.cfg.train.seed, epoch)
+        return blocks
+
+    # -- thread bodies -------------------------------------------------------------------
+    def _prefetch(self, p: int) -> None:
+        mine = {t for t in range(self.T) if t % self.P == p}
+        pin = any(self.run.target_devices[t].type == "cuda" for t in mine)
+        n = 0
+        for g in range(self.g0, self.g_end):
+            t = (g - self.g0) % self.T
+            if t not in mine:
+                continue
+            self.state.thread_state("building batch")
+            self.faults.check("prefetch", n)
+            blocks = self.make_batch(g)
+            if pin:
+                blocks = _pin(blocks)
+            self._put(self.q_pre[t], blocks, "waiting: q_pre full")
+            n += 1
+        self.state.thread_state("done")
+
+    def _target(self, t: int) -> None:
+        dev = self.run.target_devices[t]
+        features_of = self.run.targets[dev].features
+        for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
+            blocks: BlockBatch = self._get(self.q_pre[t], "waiting: q_pre empty")
+            self.state.thread_state("forward")
+            self.faults.check("target", n)
+            on_dev = blocks.to(dev, non_blocking=True)
+            features = features_of(on_dev.batch.input_ids)
+            r = (g - self.g0) % self.D
+            dst = self.run.drafter_devices[r]
+            self.state.thread_state("copy to drafter")
+            moved, ready = send([features], dst)
+            item = FeatureItem(
+                g=g, blocks=on_dev.to(dst, non_blocking=True), features=moved[0], ready=ready
+            )
+            with self._count_lock:
+                self._target_batches += 1
+            self._put(self.q_hs[t][r], item, "waiting: q_hs full")
+        self.state.thread_state("done")
+
+    def _drafter(self, r: int) -> None:
+        run, cfg = self.run, self.cfg
+        dev = run.drafter_devices[r]
+        model = run.replicas.models[r]
+        model.train()
+        for n, s in enumerate(range(self.s0, run.total_steps)):
+            g = self.g0 + (s - self.s0) * self.D + r
+            t = (g - self.g0) % self.T
+            item: FeatureItem = self._get(self.q_hs[t][r], "waiting: q_hs empty")
+            assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
+            wait_ready(item.ready, dev)
+            self.state.thread_state("forward")
+            self.faults.check("drafter", n)
+            noise = noise_at(s, run.total_steps, cfg.train)
+            gen = None
+            if noise > 0:
+                gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
+            with autocast_for(dev):
+                out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
+            self.state.thread_state("backward")
+            out.loss.backward()
+            self.outs[r] = out
+            self.out_tokens[r] = item.blocks.num_tokens
+            del item, out
+            self._barrier_wait()
+            if r == 0:
+                self._optimizer_step(s)
+            self._barrier_wait()
+            if self._finish:
+                break
+        self.state.thread_state("done")
+
+    def _optimizer_step(self, s: int) -> None:
+        """On replica 0's thread while the others wait at the barrier."""
+        run, cfg = self.run, self.cfg
+        self.state.thread_state("optimizer step")
+        replicas = run.replicas
+        replicas.average_grads()
+        if cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(replicas.primary.parameters(), cfg.train.grad_clip)
+        set_lr(run.optimizer, lr_at(s, run.total_steps, cfg.train))
+        run.optimizer.step()
+        replicas.broadcast_params()
+        replicas.zero_grads()
+
+        tokens = sum(self.out_tokens)
+        p = self.position
+        p.step, p.batches, p.tokens = s + 1, p.batches + self.D, p.tokens + tokens
+        epoch = p.batches / max(1, run.batches_per_epoch)
+        self.state.record_step(p.step, p.tokens, epoch)
+        if p.step == self.s0 + 1:
+            self.state.set_phase("training")
+        self._window.add([o for o in self.outs if o is not None], tokens)
+        self.outs = [None] * self.D
+        last = p.step >= run.total_steps
+        if p.step % cfg.train.log_every == 0 or last:
+            self._log_step()
+        if cfg.train.checkpoint_every and p.step % cfg.train.checkpoint_every == 0 and not last:
+            self.state.set_phase("checkpointing")
+            self.state.thread_state("checkpoint")
+            self.save_checkpoint(self.position)
+            self.state.set_phase("training")
+        if self.stop_request.is_set() and not last:
+            self.stopped_early = True
+            self._finish = True
+
+    def _log_step(self) -> None:
+        rec = self._window.record()
+        self.log.record(rec, time.time())
+        self.on_metrics(rec.to_json(time.time()), rec.step)
+        self._window = _Window(self)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def queue_depths(self) -> dict[str, list[dict[str, int]]]:
+        rt = self.cfg.runtime
+        return {
+            "q_pre": [{"depth": q.qsize(), "capacity": rt.q_pre_size} for q in self.q_pre],
+            "q_hs": [
+                {
+                    "depth": sum(self.q_hs[t][r].qsize() for t in range(self.T)),
+                    "capacity": rt.q_hs_size * self.T,
+                }
+                for r in range(self.D)
+            ],
+        }
+
+    def _spawn(self, name: str, role: str, device: str, fn: Callable[[], None]) -> threading.Thread:
+        def body() -> None:
+            self.state.register_thread(role, device)
+            try:
+                fn()
+            except Aborted:
+                self.state.thread_state("aborted")
+            except BaseException as e:
+                self.state.fail(e)
+                self.abort.set()
+                self.barrier.abort()
+                self.state.thread_state("failed")
+
+        th = threading.Thread(target=body, name=name, daemon=True)
+        self.threads.append(th)
+        return th
+
+    def start(self) -> None:
+        for p in range(self.P):
+            self._spawn(f"prefetch-{p}", "prefetch", "cpu", partial(self._prefetch, p))
+        for t, dev in enumerate(self.run.target_devices):
+            self._spawn(f"target-{t}", "target", str(dev), partial(self._target, t))
+        for r, dev in enumerate(self.run.drafter_devices):
+            th = self._spawn(f"drafter-{r}", "drafter", str(dev), partial(self._drafter, r))
+            self.drafter_threads.append(th)
+        for th in self.threads:
+            th.start()
+
+    def wait(self) -> str:
+        """Supervise until the drafters finish or a thread fails: "done", "stopped" or
+        "crashed". Waits in short slices so the main thread's signal handlers run."""
+        while True:
+            if self.abort.wait(0.2):
+                break
+            if not any(th.is_alive() for th in self.drafter_threads):
+                break
+        self.shutdown.set()
+        deadline = time.monotonic() + 10.0
+        for th in self.threads:
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.abort.is_set():
+            return "crashed"
+        return "stopped" if self.stopped_early else "done"
+
+    def alive_threads(self) -> list[str]:
+        return [th.name for th in self.threads if th.is_alive()]
+
+
+def _pin(blocks: BlockBatch) -> BlockBatch:
+    b = blocks.batch
+    b.input_ids, b.loss_mask = b.input_ids.pin_memory(), b.loss_mask.pin_memory()
+    blocks.anchors, blocks.keep = blocks.anchors.pin_memory(), blocks.keep.pin_memory()
+    return blocks
+
+
+class _Window:
+    """Sums between two step lines; stays on the device until the line is due."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
+        self.t0 = time.monotonic()
+        self.steps = 0
+        self.tokens = 0
+        with pipe._count_lock:
+            self.target_batches0 = pipe._target_batches
+        self.loss: Tensor | None = None
+        self.stats: Tensor | None = None
+
+    def add(self, outs: list[LossOutput], tokens: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        dev = self.pipe.run.drafter_devices[0]
+        loss = sum(o.loss.detach().to(dev) for o in outs) / max(1, len(outs))
+        stats = sum(o.stats.to(dev) for o in outs)
+        assert isinstance(loss, Tensor) and isinstance(stats, Tensor)
+        self.loss = loss if self.loss is None else self.loss + loss
+        self.stats = stats if self.stats is None else self.stats + stats
+
+    def record(self) -> StepRecord:
+        pipe = self.pipe
+        run, p = pipe.run, pipe.position
+        dt = max(time.monotonic() - self.t0, 1e-9)
+        zero = torch.zeros(len(STAT_NAMES))
+        mean = LossOutput(
+            loss=(self.loss if self.loss is not None else torch.zeros(())) / max(1, self.steps),
+            stats=self.stats if self.stats is not None else zero,
+        ).metrics()
+        with pipe._count_lock:
+            tgt = pipe._target_batches - self.target_batches0
+        step_rate = self.steps / dt
+        eta = (run.total_steps - p.step) / step_rate if step_rate > 0 else None
+        queues = pipe.queue_depths()
+        return StepRecord(
+            elapsed_s=time.time() - pipe.state.started_at,
+            step=p.step,
+            loss=mean["loss"],
+            acc=mean["acc"],
+            streak=mean["streak"],
+            lr=lr_at(p.step - 1, run.total_steps, run.cfg.train),
+            noise=noise_at(p.step - 1, run.total_steps, run.cfg.train),
+            tgt_bps=tgt / dt,
+            dft_bps=self.steps * pipe.D / dt,
+            tok_s=self.tokens / dt,
+            q_pre=[q["depth"] for q in queues["q_pre"]],
+            q_hs=[q["depth"] for q in queues["q_hs"]],
+            epoch=p.batches / max(1, run.batches_per_epoch),
+            eta_s=eta,
+            extra={
+                "topk": mean["topk"],
+                "tokens": p.tokens,
+                "memory": device_memory(run.devices),
+            },
+        )

@@ -1,0 +1,231 @@
+"""One training run, start to exit code, reporting through its run dir all the way.
+
+starting -> loading_data -> loading_target -> compiling -> warmup -> training
+         -> (checkpointing) -> stopping -> finished         exit 0
+any failure, in any thread                    -> crashed    exit 1 (bad input: 2)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import trainer
+from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
+from trainer.config import Config, ConfigError
+from trainer.contract import code_hash
+from trainer.data import DataError
+from trainer.fsutil import atomic_write_json
+from trainer.heartbeat import Heartbeat
+from trainer.memory import device_memory
+from trainer.runstate import RunState
+from trainer.signals import SignalHandlers
+from trainer.steplog import RunLog
+
+EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
+BAD_INPUT = (ConfigError, DataError, ValueError, FileNotFoundError, PermissionError)
+
+
+def restore(run: Any, checkpoint: Path) -> TrainPosition:
+    data = load_checkpoint(checkpoint)
+    primary = run.replicas.primary
+    result = primary.load_state_dict(data["model"], strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"checkpoint {checkpoint}: unexpected weights {result.unexpected_keys}")
+    absent = set(primary.trainable_state_dict()) - set(data["model"])
+    if absent:
+        raise ValueError(f"checkpoint {checkpoint}: missing weights {sorted(absent)[:3]}")
+    run.optimizer.load_state_dict(data["optimizer"])
+    run.replicas.broadcast_params()
+    return TrainPosition(**data["position"])
+
+
+class Run:
+    def __init__(self, cfg: Config, run_dir: Path, meta: dict[str, Any]) -> None:
+        self.cfg, self.run_dir, self.meta = cfg, run_dir, meta
+        self.state = RunState(run_dir.name)
+        self.log = RunLog(run_dir)
+        self.stop_request = threading.Event()
+        self.pipeline: Any = None
+        self.setup: Any = None
+        self.graphs_after_warmup: int | None = None
+        self.hb_stop = threading.Event()
+        self.heartbeat = Heartbeat(
+            run_dir / "heartbeat.json",
+            self.state,
+            self.hb_stop,
+            cfg.runtime.heartbeat_interval,
+            static={"code_sha256": code_hash(Path(trainer.__file__).parent)},
+            collect=self._live_fields,
+        )
+
+    # -- heartbeat fields that need the pipeline -------------------------------------
+    def _live_fields(self) -> dict[str, Any]:
+        from trainer.warmup import graphs_compiled
+
+        out: dict[str, Any] = {"queues": {"q_pre": [], "q_hs": []}, "memory": {}}
+        if self.pipeline is not None:
+            out["queues"] = self.pipeline.queue_depths()
+        if self.setup is not None:
+            out["memory"] = device_memory(self.setup.devices)
+            if self.graphs_after_warmup is not None:
+                graphs = graphs_compiled()
+                self.state.compile.update(
+                    graphs=graphs, recompiles=graphs - self.graphs_after_warmup
+                )
+        return out
+
+    def _roles(self) -> dict[int, str]:
+        snap = self.state.snapshot()
+        return {t["ident"]: f"{t['role']}@{t['device']} ({t['state']})" for t in snap["threads"]}
+
+    def _on_stop(self, signame: str) -> None:
+        if not self.stop_request.is_set():
+            self.log.line(f"{signame}: finishing the current step, then checkpoint and exit")
+        self.stop_request.set()
+        if self.pipeline is not None:
+            self.pipeline.stop_request.set()
+
+    def _on_dump(self, path: Path) -> None:
+        self.log.line(f"SIGUSR1: thread stacks written to {path.name}")
+
+    def _update_config_json(self, **run_fields: Any) -> None:
+        self.meta.update(run_fields)
+        atomic_write_json(self.run_dir / "config.json", {**self.cfg.to_dict(), "run": self.meta})
+
+    def save(self, position: TrainPosition) -> Path:
+        s = self.setup
+        return save_checkpoint(
+            self.run_dir,
+            position,
+            s.replicas.primary.trainable_state_dict(),
+            s.optimizer.state_dict(),
+            s.arch.to_dict(),
+            self.cfg.to_dict(),
+        )
+
+    # -- the run ---------------------------------------------------------------------
+    def execute(self, checkpoint: Path | None) -> int:
+        self.state.register_thread("main", "cpu")
+        self.state.thread_state("setting up")
+        SignalHandlers(self.run_dir, self._on_stop, self._roles, self._on_dump).install()
+        self.heartbeat.write()
+        self.heartbeat.start()
+        code = EXIT_CRASH
+        wandb = None
+        try:
+            code, wandb = self._execute(checkpoint)
+        except BAD_INPUT as e:
+            self.state.fail(e)
+            self.log.line(f"error: {e}")
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            code = EXIT_BAD_INPUT
+        except BaseException as e:
+            self.state.fail(e)
+            self.log.line("error: the run crashed:\n" + "".join(traceback.format_exception(e)))
+            code = EXIT_CRASH
+        finally:
+            if code != EXIT_OK:
+                self.state.set_phase("crashed")
+            self.state.exit_code = code
+            self.state.thread_state("exiting")
+            self.hb_stop.set()
+            self.heartbeat.write()
+            if wandb is not None:
+                wandb.finish(exit_code=code)
+            self.log.close()
+        if code == EXIT_CRASH and self.pipeline is not None and self.pipeline.alive_threads():
+            # A thread stuck in C code would hang interpreter shutdown: leave now.
+            sys.stderr.write(f"stuck threads: {self.pipeline.alive_threads()}\n")
+            sys.stderr.flush()
+            os._exit(code)
+        return code
+
+    def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
+        from trainer.faults import FaultPlan
+        from trainer.pipeline import Pipeline
+        from trainer.setup import build_run
+        from trainer.wandb_log import start_wandb
+        from trainer.warmup import graphs_compiled, warm_up
+
+        faults = FaultPlan()  # a bad DFLASH_FAULT is bad input, found before any loading
+        self.setup = setup = build_run(
+            self.cfg, warn=self.log.warn, phase=self.state.set_phase, progress=self.state.progress
+        )
+        self.state.total_steps = setup.total_steps
+        position = TrainPosition(step=0, batches=0, tokens=0)
+        if checkpoint is not None:
+            position = restore(setup, checkpoint)
+            self.log.line(f"resumed from {checkpoint} at step {position.step}")
+        self.state.record_step(position.step, position.tokens, 0.0)
+        self.state.last_step_at = None
+
+        wandb = start_wandb(
+            self.cfg.runtime.wandb_mode,
+            self.cfg.runtime.wandb_project,
+            self.run_dir,
+            self.run_dir.name,
+            self.cfg.to_dict(),
+            self.log.line,
+        )
+        self.state.wandb = wandb.info
+        self._update_config_json(wandb=wandb.info)
+
+        self.state.compile["cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+        warmup_s = warm_up(setup, self.state)
+        self.graphs_after_warmup = graphs_compiled()
+        self.state.compile.update(warmup_s=warmup_s, graphs=self.graphs_after_warmup)
+        self.log.line(
+            f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "
+            f"{graphs_compiled()} graph(s) compiled"
+        )
+        if self.stop_request.is_set():
+            self.state.set_phase("stopping")
+            self.state.set_phase("finished")
+            return EXIT_OK, wandb
+
+        self.state.set_phase("warmup")
+        self.pipeline = pipe = Pipeline(
+            setup, self.state, self.log, position, self.save, wandb.log, faults
+        )
+        if self.stop_request.is_set():
+            pipe.stop_request.set()
+        self.state.thread_state("supervising")
+        pipe.start()
+        outcome = pipe.wait()
+        if outcome == "crashed":
+            err = self.state.error or {}
+            self.log.line(f"error in {err.get('thread')}: {err.get('traceback', '').rstrip()}")
+            print(f"error: {err.get('message')} (in {err.get('thread')})", file=sys.stderr)
+            return EXIT_CRASH, wandb
+        self.state.set_phase("stopping")
+        self.state.set_phase("checkpointing")
+        path = self.save(pipe.position)
+        self.log.line(
+            f"{'stopped' if outcome == 'stopped' else 'finished'} at step {pipe.position.step}; "
+            f"checkpoint {path.relative_to(self.run_dir)}"
+        )
+        self.state.set_phase("finished")
+        return EXIT_OK, wandb
+
+
+def set_threads_for_cpu(cfg: Config) -> None:
+    """On CPU, every role's thread would start its own full-size OpenMP team: share the
+    cores instead of oversubscribing them."""
+    roles = len(cfg.runtime.targets) + len(cfg.runtime.drafters)
+    if all(d == "cpu" for d in [*cfg.runtime.targets, *cfg.runtime.drafters]):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, roles // 2)))
+
+
+def run_training(cfg: Config, run_dir: Path, meta: dict[str, Any], checkpoint: Path | None) -> int:
+    started = time.time()
+    meta.setdefault("created", started)
+    set_threads_for_cpu(cfg)
+    return Run(cfg, run_dir, meta).execute(checkpoint)

@@ -1,0 +1,81 @@
+"""Signals an operator sends a live run.
+
+  SIGUSR1  every thread's stack, with thread names, into stacks-<time>.txt; training goes on.
+  SIGUSR2  the same through faulthandler's C-level handler: works even when the interpreter
+           is wedged (a thread holding the GIL in C code), but without thread names.
+  SIGTERM  finish the current step, checkpoint, exit 0.
+  SIGINT   as SIGTERM.
+
+Python runs signal handlers on the main thread; the main thread only supervises (it waits on
+events with timeouts), so a handler runs within milliseconds.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+
+def stacks_path(run_dir: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = run_dir / f"stacks-{stamp}.txt"
+    n = 1
+    while path.exists():  # two dumps in one second: never overwrite the first
+        path = run_dir / f"stacks-{stamp}-{n}.txt"
+        n += 1
+    return path
+
+
+def write_named_stacks(out: IO[str], roles: dict[int, str] | None = None) -> None:
+    """Every Python thread's stack, headed by its name (and pipeline role when known)."""
+    frames = sys._current_frames()
+    out.write(f"# {len(frames)} threads at {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n")
+    for t in sorted(threading.enumerate(), key=lambda t: t.name):
+        frame = frames.get(t.ident) if t.ident is not None else None
+        role = (roles or {}).get(t.ident or 0, "")
+        out.write(f'Thread "{t.name}"{f" role={role}" if role else ""} native_id={t.native_id}\n')
+        if frame is not None:
+            out.write("".join(traceback.format_stack(frame)))
+        out.write("\n")
+
+
+class SignalHandlers:
+    def __init__(
+        self,
+        run_dir: Path,
+        on_stop: Callable[[str], None],
+        roles: Callable[[], dict[int, str]],
+        on_dump: Callable[[Path], None] = lambda _p: None,
+    ) -> None:
+        self.run_dir, self.on_stop, self.roles, self.on_dump = run_dir, on_stop, roles, on_dump
+        self._fallback: IO[str] | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGUSR1, self._dump)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        # Kept open for the life of the process: the C handler cannot open files.
+        self._fallback = open(self.run_dir / "stacks-sigusr2.txt", "a")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR2, file=self._fallback, all_threads=True)
+        faulthandler.enable(file=self._fallback, all_threads=True)  # and on fatal signals
+
+    def _dump(self, _signum: int, _frame: FrameType | None) -> None:
+        path = stacks_path(self.run_dir)
+        with open(path, "w") as f:
+            write_named_stacks(f, self.roles())
+            # faulthandler's view too: it also shows where C code is waiting.
+            f.write("# faulthandler\n")
+            f.flush()
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        self.on_dump(path)
+
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
+        self.on_stop(signal.Signals(signum).name)

@@ -1,0 +1,69 @@
+"""Compile before the threads start: one thread, gradients on, every shape bucket.
+
+A cold `torch.compile(flex_attention)` entered from several threads at once deadlocked on
+the H200 (torch 2.11: > 150 s, every thread in dynamo's convert_frame). Warmed up on one
+thread first (23 s), four threads then ran with 0 recompiles. So the main thread runs a full
+forward+backward per (drafter device, bucket) before any worker starts, and the heartbeat
+reports graphs compiled afterwards as recompiles.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from trainer.data import Batch
+from trainer.runstate import RunState
+from trainer.setup import RunSetup
+from trainer.step import drafter_loss, prepare_blocks
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def warm_up(run: RunSetup, state: RunState) -> float:
+    """Returns seconds spent. Leaves no gradients and no optimizer state behind."""
+    from trainer.pipeline import autocast_for
+
+    t0 = time.monotonic()
+    buckets = run.cfg.data.seq_buckets
+    firsts: dict[torch.device, int] = {}
+    for r, dev in enumerate(run.drafter_devices):
+        firsts.setdefault(dev, r)
+    # Per bucket and device (dynamo guards on both), plus head room for the mask builder.
+    limit = 4 * len(buckets) * max(1, len(firsts))
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    torch._dynamo.config.accumulated_cache_size_limit = max(
+        torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
+    )
+    state.set_phase("compiling", total=len(buckets) * len(firsts), unit="buckets")
+    done = 0
+    B = run.cfg.train.batch_size
+    n_feat = len(run.arch.target_layer_ids) * run.arch.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    for dev, r in firsts.items():
+        model = run.replicas.models[r]
+        feat_dtype = run.targets[run.target_devices[0]].embed_weight.dtype
+        for S in buckets:
+            ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
+            batch = Batch(
+                input_ids=ids,
+                loss_mask=torch.ones(B, S),
+                lengths=torch.full((B,), S, dtype=torch.long),
+                index=0,
+            )
+            blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
+            features = torch.randn(B, S, n_feat, generator=gen).to(dev, feat_dtype)
+            with autocast_for(dev):
+                out = drafter_loss(model, blocks, features, run.settings)
+            out.loss.backward()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            done += 1
+            state.progress(done)
+    run.replicas.zero_grads()
+    return time.monotonic() - t0
