@@ -1,48 +1,313 @@
 """`dflash-tui`: the operator's monitor and control for DFlash training runs.
 
-Only the argument surface lives here; each subcommand's work is in its own module, imported
-when it runs, so `dflash-tui --help` starts instantly and never imports torch or textual.
+    dflash-tui [TARGET] [--run-root DIR] [--remote-dir DIR] [--pct CTID | --exec-prefix CMD]
+               [--python PATH] [--identity FILE] [--known-hosts FILE]
+               [--headless [--once] [--json] [--interval S]]
+    dflash-tui demo [--headless]
+    dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache} [TARGET] [options]
+
+Only the argument surface lives here; the work is in control, headless and the link. Nothing
+here imports torch or textual, so `--help` is instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
-# name -> (one-line help, built yet?)
-SUBCOMMANDS: dict[str, tuple[str, bool]] = {
-    "demo": ("train the bundled tiny CPU drafter locally and monitor it live", False),
-    "deploy": ("ship trainer/ and the agent to the host, record the code's sha256", False),
-    "launch": ("start a run in a fresh run dir (refused while one is alive)", False),
-    "kill": ("SIGTERM the run's process group, then SIGKILL; wait for GPU memory", False),
-    "restart": ("kill, wait for memory to drain, launch again with the same config", False),
-    "status": ("one-shot state of the run: phase, step, tok/s, GPUs, findings", False),
-    "runs": ("list runs under the run root and how each ended", False),
-    "dump-stacks": ("SIGUSR1 the trainer and print every thread's stack", False),
-    "clear-cache": ("delete the compile cache (refused while a run is alive)", False),
+from dflash_tui.targets import Target, TargetError, resolve_target
+
+SUBCOMMANDS = {
+    "demo": "train the bundled tiny CPU drafter locally and monitor it live",
+    "deploy": "ship trainer/ and the agent to the host, record the code's sha256",
+    "launch": "start a run in a fresh run dir (refused while one is alive)",
+    "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
+    "restart": "kill, wait for memory to drain, launch again with the same config",
+    "status": "one snapshot of the run (= --headless --once); exit 0/1/2/3",
+    "runs": "list runs under the run root and how each ended",
+    "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
+    "clear-cache": "delete the compile cache (refused while a run is alive)",
 }
+
+
+def _common(p: argparse.ArgumentParser, target: bool = True) -> None:
+    if target:
+        p.add_argument(
+            "target",
+            nargs="?",
+            default=None,
+            metavar="TARGET",
+            help="local (default), ssh://[user@]host[:port], an ssh alias, or a "
+            "name from ~/.config/dflash-tui/config.toml",
+        )
+    g = p.add_argument_group("where")
+    g.add_argument("--run-root", help="where runs live (default: <remote-dir>/runs)")
+    g.add_argument("--remote-dir", help="where deploy puts the trainer (default: ~/dflash)")
+    pre = g.add_mutually_exclusive_group()
+    pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")
+    pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
+    g.add_argument("--python", help="interpreter for the agent and trainer there")
+    g.add_argument("--identity", help="SSH private key file")
+    g.add_argument("--known-hosts", help="known_hosts file (checking is always on)")
+    h = p.add_argument_group("headless")
+    h.add_argument("--headless", action="store_true", help="print lines, no screen")
+    h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
+    h.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dflash-tui",
         description="Live monitor and debugger for DFlash drafter training runs.",
-        epilog="Without a subcommand: open the monitor on TARGET (an ssh host or alias, or "
-        "'local').",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n"
+        + "\n".join(f"  {k:12s} {v}" for k, v in SUBCOMMANDS.items())
+        + "\n\nWithout a command: monitor TARGET.",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (text, built) in SUBCOMMANDS.items():
-        sub.add_parser(name, help=text if built else f"{text} [planned]")
+    _common(p)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command is None:
-        build_parser().print_help()
+def build_command_parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
+    _common(p, target=name != "demo")
+    if name == "launch":
+        p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
+    if name in ("launch", "demo"):
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="config override (repeatable)",
+        )
+    if name in ("kill", "restart"):
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=60.0,
+            help="seconds between SIGTERM and SIGKILL (default 60)",
+        )
+        p.add_argument(
+            "--drain-timeout",
+            type=float,
+            default=120.0,
+            help="seconds to wait for GPU memory release (default 120)",
+        )
+    if name in ("kill", "restart", "dump-stacks"):
+        p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
+    if name == "dump-stacks":
+        p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
+    return p
+
+
+def target_from(args: argparse.Namespace, text: str | None) -> Target:
+    return resolve_target(
+        text,
+        run_root=args.run_root,
+        remote_dir=args.remote_dir,
+        pct=args.pct,
+        prefix=args.exec_prefix,
+        python=args.python,
+        identity=args.identity,
+        known_hosts=args.known_hosts,
+    )
+
+
+def _err(text: str) -> None:
+    print(f"dflash-tui: {text}", file=sys.stderr, flush=True)
+
+
+def _progress(event: dict[str, Any]) -> None:
+    print(f"  … {event.get('message')}", file=sys.stderr, flush=True)
+
+
+async def _with_link(
+    target: Target, work: Callable[[Any, Any], Awaitable[int]], follow: str | None = None
+) -> int:
+    from dflash_tui.link.link import Link, LinkError
+    from dflash_tui.state import Store
+
+    store = Store(target.name)
+    link = Link(target, store.apply, follow=follow)
+    link.start()
+    try:
+        await link.wait_connected(30)
+        return await work(link, store)
+    except LinkError as e:
+        _err(str(e))
+        return 3 if link.state != "connected" else 1
+    finally:
+        await link.close()
+
+
+def _fmt_runs(runs: list[dict[str, Any]]) -> str:
+    rows = [
+        "RUN ID                                        ENDED                  STEPS  BEST TOK/S"
+    ]
+    for r in runs:
+        ex = r.get("exit") or {}
+        if r.get("alive"):
+            ended = f"alive ({r.get('phase')})"
+        elif ex:
+            ended = (
+                f"signal {ex['signal']}"
+                if ex.get("signal")
+                else f"exit {ex.get('exit_code')} ({ex.get('final_phase')})"
+            )
+        else:
+            ended = f"{r.get('phase') or 'no heartbeat'}"
+        best = r.get("best_tok_s")
+        rows.append(
+            f"{r['run_id'][:45]:45s} {ended[:22]:22s} {r.get('steps') or 0:>6} "
+            f"{best if best is None else round(best):>11}"
+        )
+    return "\n".join(rows)
+
+
+async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
+    from dflash_tui import control
+
+    async def work(link: Any, store: Any) -> int:
+        if name == "deploy":
+            r = await control.deploy(link, _progress)
+            print(f"deployed {r['files']} files, code sha256 {r['sha256'][:16]}… -> {r['release']}")
+        elif name == "launch":
+            r = await control.launch(link, args.config, args.overrides, _progress)
+            print(
+                f"launched {r['run_id']} in {r['run_dir']}"
+                + ("" if r.get("started") else f" ({r.get('note')})")
+            )
+        elif name == "kill":
+            r = await control.kill(link, args.timeout, args.drain_timeout, _progress, args.run_id)
+            drain = (
+                "n/a (no GPU)"
+                if r.get("drain_s") is None and not r.get("gpu_held_by")
+                else f"{r['drain_s']:.1f}s"
+                if r.get("drain_s") is not None
+                else f"still held by pids {r['gpu_held_by']}"
+            )
+            print(
+                f"killed {r['run_id']} with {r['signal']} in {r['stop_s']:.1f}s; GPU memory "
+                f"released: {drain}; orphans: {r['orphans'] or 'none'}"
+            )
+            return 0 if not r["orphans"] and not r.get("gpu_held_by") else 1
+        elif name == "restart":
+            r = await control.restart(
+                link, args.timeout, args.drain_timeout, _progress, args.run_id
+            )
+            print(f"restarted as {r['launched']['run_id']}")
+        elif name == "dump-stacks":
+            r = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
+            print(r["text"])
+            if r.get("pyspy"):
+                print("# py-spy dump --native\n" + r["pyspy"])
+        elif name == "clear-cache":
+            r = await control.clear_cache(link)
+            print(
+                f"removed {r['path']} ({r['bytes'] / 1e6:.1f} MB)"
+                if r["existed"]
+                else f"no compile cache at {r['path']}"
+            )
+        elif name == "runs":
+            print(_fmt_runs(await control.list_runs(link, store)))
         return 0
-    print(f"dflash-tui {args.command}: planned, not built yet", file=sys.stderr)
-    return 2
+
+    from dflash_tui.control import ControlError
+
+    try:
+        return await _with_link(target, work)
+    except ControlError as e:
+        _err(str(e))
+        return 2
+
+
+async def _monitor(args: argparse.Namespace, target: Target) -> int:
+    from dflash_tui.headless import Headless
+
+    if args.once or args.headless or args.json:
+        return await Headless(
+            target, interval=args.interval, as_json=args.json, once=args.once
+        ).run()
+    try:
+        from dflash_tui.app import run_app
+    except ImportError:  # the TUI is not built yet: lines it is
+        _err("the TUI is not available here; showing headless lines")
+        return await Headless(target, interval=args.interval).run()
+    return await run_app(target, args)
+
+
+def demo_target(args: argparse.Namespace) -> Target:
+    import os
+
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    remote = args.remote_dir or str(Path(base) / "dflash-tui" / "demo")
+    return resolve_target(
+        "local", run_root=args.run_root, remote_dir=remote, python=args.python or sys.executable
+    )
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from dflash_tui import control
+    from dflash_tui.control import TRAINER_DIR
+
+    target = demo_target(args)
+    print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
+
+    async def work(link: Any, store: Any) -> int:
+        r = await control.deploy(link)
+        print(f"demo: deployed trainer {r['sha256'][:12]}", file=sys.stderr)
+        try:
+            run = await control.launch(
+                link, TRAINER_DIR / "configs" / "tiny-cpu.toml", args.overrides, _progress
+            )
+            print(f"demo: launched {run['run_id']}", file=sys.stderr)
+        except Exception as e:
+            if "is alive" not in str(e):
+                raise
+            print("demo: a demo run is already alive; monitoring it", file=sys.stderr)
+        return 0
+
+    code = await _with_link(target, work)
+    if code != 0:
+        return code
+    args.once = False
+    code = await _monitor(args, target)
+    print(
+        "demo: the run goes on until it finishes; stop it with: dflash-tui kill local "
+        f"--remote-dir {target.remote_dir}",
+        file=sys.stderr,
+    )
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    try:
+        if name in SUBCOMMANDS:
+            argv.remove(name)
+            args = build_command_parser(name).parse_args(argv)
+            if name == "demo":
+                return asyncio.run(_demo(args))
+            target = target_from(args, args.target)
+            if name == "status":
+                args.once = True
+                return asyncio.run(_monitor(args, target))
+            return asyncio.run(_command(name, args, target))
+        args = build_parser().parse_args(argv)
+        return asyncio.run(_monitor(args, target_from(args, args.target)))
+    except TargetError as e:
+        _err(str(e))
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ import pytest
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
+# Real sshd, TCP proxy, pct/NVML stand-ins. tests/ is on sys.path (rootdir conftest, no
+# __init__.py), so tests/infra imports as the namespace package `infra`.
+pytest_plugins = ["infra.fixtures"]
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
 

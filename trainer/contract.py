@@ -31,6 +31,8 @@ trainer's heartbeat thread:
                       role in ROLES; `since` = unix time the thread entered `state`
     memory            {device: {"allocated", "reserved", "peak", "alloc_retries"}} bytes;
                       a CPU device reports the process RSS
+    devices           {device: {"uuid": "GPU-…" | null, "name": str}}: matches a torch device
+                      to NVML's physical GPU whatever CUDA_VISIBLE_DEVICES renumbered
     compile           {"graphs": int, "recompiles": int (graphs compiled after warm-up),
                        "warmup_s": float or null, "cache_dir": str}
     code_sha256       str, `code_hash()` of the running trainer package

@@ -122,6 +122,8 @@ class Heartbeat(threading.Thread):
         self.gil = GilProbe(state, stop)
         self.cpu = ThreadCpu()
         self._write_lock = threading.Lock()
+        self._poke = threading.Event()
+        state.on_phase = self._poke.set  # a phase change is written at once, not up to 2 s late
 
     def start(self) -> None:
         self.gil.start()
@@ -130,7 +132,11 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         self.state.register_thread("heartbeat", "cpu")
         self.state.thread_state("writing")
-        while not self.stop.wait(self.interval_s):
+        while not self.stop.is_set():
+            self._poke.wait(self.interval_s)
+            self._poke.clear()
+            if self.stop.is_set():
+                break
             try:
                 self.write()
             except Exception as e:  # a heartbeat failure must not kill training

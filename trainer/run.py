@@ -56,6 +56,7 @@ class Run:
         self.pipeline: Any = None
         self.setup: Any = None
         self.graphs_after_warmup: int | None = None
+        self._devices: dict[str, dict[str, Any]] | None = None
         self.hb_stop = threading.Event()
         self.heartbeat = Heartbeat(
             run_dir / "heartbeat.json",
@@ -75,12 +76,31 @@ class Run:
             out["queues"] = self.pipeline.queue_depths()
         if self.setup is not None:
             out["memory"] = device_memory(self.setup.devices)
+            out["devices"] = self._device_ids()
             if self.graphs_after_warmup is not None:
                 graphs = graphs_compiled()
                 self.state.compile.update(
                     graphs=graphs, recompiles=graphs - self.graphs_after_warmup
                 )
         return out
+
+    def _device_ids(self) -> dict[str, dict[str, Any]]:
+        """Each CUDA device's UUID, so the monitor can match it to NVML's physical index
+        whatever CUDA_VISIBLE_DEVICES did to the numbering."""
+        if self._devices is None:
+            ids: dict[str, dict[str, Any]] = {}
+            for dev in self.setup.devices:
+                if dev.type == "cuda":
+                    props = torch.cuda.get_device_properties(dev)
+                    uuid = str(getattr(props, "uuid", ""))
+                    ids[str(dev)] = {
+                        "uuid": uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}",
+                        "name": props.name,
+                    }
+                else:
+                    ids[str(dev)] = {"uuid": None, "name": "cpu"}
+            self._devices = ids
+        return self._devices
 
     def _roles(self) -> dict[int, str]:
         snap = self.state.snapshot()

@@ -10,6 +10,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,8 @@ class RunState:
             "cache_dir": "",
         }
         self.exit_code: int | None = None
+        # Called after a phase change, outside the lock (the heartbeat writes at once).
+        self.on_phase: Callable[[], None] = lambda: None
 
     # -- phases ------------------------------------------------------------------------
     def set_phase(self, phase: str, total: int | None = None, unit: str = "") -> None:
@@ -63,6 +66,7 @@ class RunState:
             self.phase, self.phase_started_at = phase, now
             self.phase_progress = {"done": 0, "total": total, "unit": unit} if total else None
             self.phase_history.append({"phase": phase, "started_at": now})
+        self.on_phase()
 
     def progress(self, done: int) -> None:
         with self._lock:

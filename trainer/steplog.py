@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -84,30 +85,45 @@ def _same_file(a: TextIO, path: Path) -> bool:
 
 
 class RunLog:
-    """Appends to train.log and metrics.jsonl; echoes to stdout unless stdout *is* train.log."""
+    """Appends to train.log and metrics.jsonl, and echoes step lines to stdout.
+
+    When stdout *is* train.log (a launcher redirected it there), lines go through stdout
+    alone: one writer, so lines from other threads' prints never interleave mid-line and
+    nothing is written twice."""
 
     def __init__(self, run_dir: Path, echo: bool = True) -> None:
         self.train_log_path = run_dir / "train.log"
         self.metrics_path = run_dir / "metrics.jsonl"
+        self._lock = threading.Lock()
+        self._own_log = not _same_file(sys.stdout, self.train_log_path)
         # Line-buffered, and flushed explicitly too: correct even if someone swaps buffering.
-        self._log = open(self.train_log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._log: TextIO = (
+            open(self.train_log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            if self._own_log
+            else sys.stdout
+        )
         self._metrics = open(self.metrics_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-        self._echo = echo and not _same_file(sys.stdout, self.train_log_path)
+        self._echo = echo and self._own_log
 
     def line(self, text: str) -> None:
-        self._log.write(text + "\n")
-        self._log.flush()
-        if self._echo:
-            print(text, flush=True)
+        with self._lock:
+            self._log.write(text + "\n")
+            self._log.flush()
+            if self._echo:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
 
     def warn(self, text: str) -> None:
         self.line(f"WARNING: {text}")
 
     def record(self, rec: StepRecord, now: float) -> None:
-        self._metrics.write(json.dumps(rec.to_json(now), sort_keys=True) + "\n")
-        self._metrics.flush()
+        with self._lock:
+            self._metrics.write(json.dumps(rec.to_json(now), sort_keys=True) + "\n")
+            self._metrics.flush()
         self.line(rec.line())
 
     def close(self) -> None:
-        self._log.close()
-        self._metrics.close()
+        with self._lock:
+            if self._own_log:
+                self._log.close()
+            self._metrics.close()

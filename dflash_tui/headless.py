@@ -1,0 +1,232 @@
+"""Headless mode: dflash-tui without a screen, for tmux panes, scripts and checks.
+
+Lines mode (default): one status line per interval, at most 120 columns, plus every new
+step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
+
+    08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | q_pre 50/16/2 q_hs 60 | \
+T95▇ D45▁ | hb 0.4s | ! drafters idle
+
+`--once`: one snapshot, then exit 0 healthy, 1 warning, 2 critical (crashed, hung, no
+heartbeat), 3 unreachable.
+
+`--json`: one JSON object per line:
+    {"kind": "event", "event": <agent or link event>}       as events arrive
+    {"kind": "snapshot", "time": float, "state": <Store.to_json()>,
+     "findings": [{"severity", "code", "title", "evidence", "action"}]}  per interval
+Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase, phase_s,
+    step, tok_s, loss, queues, heartbeat_age_s, heartbeat_error, alive, exit,
+    gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+from typing import Any, TextIO
+
+from dflash_tui.diagnosis import Finding, diagnose
+from dflash_tui.link.link import Link
+from dflash_tui.state import ROLE_LETTER, Store
+from dflash_tui.targets import Target
+
+WIDTH = 120
+EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNREACHABLE = 0, 1, 2, 3
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def _rate(tok_s: Any) -> str:
+    if not isinstance(tok_s, int | float):
+        return "? tok/s"
+    return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
+
+
+def gpu_summary(s: Store, unicode: bool = True) -> str:
+    gpu = s.gpu
+    if gpu is None:
+        return "gpu ?"
+    if gpu.get("state") == "no_gpu":
+        return "no NVIDIA GPU"
+    if gpu.get("state") == "error":
+        return "gpu error"
+    roles = s.gpu_roles()
+    parts = []
+    for d in gpu.get("devices") or []:
+        role = roles.get(int(d["index"]), "")
+        letter = "".join(ROLE_LETTER.get(r, "?") for r in role.split("+") if r) or "-"
+        util = d.get("util")
+        if util is None:
+            bar = "?"
+        elif unicode:
+            bar = _BARS[min(7, int(util) * 8 // 101)]
+        else:
+            bar = str(min(9, int(util) // 10))
+        parts.append(f"{letter}{int(d.get('mem_used', 0)) >> 30}{bar}")
+    return " ".join(parts) or "no GPUs"
+
+
+def status_line(
+    s: Store,
+    findings: list[Finding],
+    now: float | None = None,
+    unicode: bool = True,
+    width: int = WIDTH,
+) -> str:
+    now = time.time() if now is None else now
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    if s.link.state != "connected" and s.hello is None:
+        text = f"{clock} {s.link.state}: {s.link.detail}"
+        return text[:width]
+    phase, in_phase = s.phase()
+    hb = s.heartbeat or {}
+    fields = [f"{clock} {phase or 'no run'}" + (f" {_dur(in_phase)}" if phase else "")]
+    if s.link.state != "connected":
+        fields[0] += f" [{s.link.state}]"
+    if hb:
+        fields.append(f"step {hb.get('step', '?')}")
+        fields.append(_rate(hb.get("tok_s")))
+    last = s.step_lines[-1] if s.step_lines else s.last_metrics()
+    if last and isinstance(last.get("loss"), int | float):
+        fields.append(f"loss {last['loss']:.3f}")
+    queues = hb.get("queues") or {}
+    if queues.get("q_pre") or queues.get("q_hs"):
+        pre = "/".join(str(q.get("depth")) for q in queues.get("q_pre", []))
+        hs = "/".join(str(q.get("depth")) for q in queues.get("q_hs", []))
+        fields.append(f"q_pre {pre} q_hs {hs}")
+    fields.append(gpu_summary(s, unicode))
+    age = s.heartbeat_age(now)
+    if age is not None:
+        fields.append(f"hb {age:.1f}s")
+    line = " | ".join(fields)
+    if findings:
+        room = width - len(line) - 5
+        title = findings[0].title
+        if room >= 8:
+            line += " | ! " + (title if len(title) <= room else title[: room - 1] + "…")
+    return line[:width]
+
+
+def exit_code_for(s: Store, findings: list[Finding]) -> int:
+    if s.hello is None or s.link.state == "refused":
+        return EXIT_UNREACHABLE
+    if any(f.severity == "critical" for f in findings):
+        return EXIT_CRITICAL
+    if s.run_id is not None and s.heartbeat is None and s.process_alive():
+        return EXIT_CRITICAL  # alive but no heartbeat
+    if any(f.severity == "warning" for f in findings):
+        return EXIT_WARNING
+    return EXIT_OK
+
+
+class Headless:
+    def __init__(
+        self,
+        target: Target,
+        out: TextIO | None = None,
+        interval: float = 2.0,
+        as_json: bool = False,
+        once: bool = False,
+        link: Link | None = None,
+    ) -> None:
+        self.target = target
+        self.out = out or sys.stdout
+        self.interval = interval
+        self.as_json = as_json
+        self.once = once
+        self.store = Store(target.name)
+        self.color = self.out.isatty() and not os.environ.get("NO_COLOR") and not as_json
+        encoding = getattr(self.out, "encoding", "") or ""
+        self.unicode = encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32")
+        self.link = link or Link(target, self.on_event)
+        self._stop = asyncio.Event()
+
+    def write(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.store.apply(event)
+        if self.once:
+            return
+        if self.as_json:
+            self.write(json.dumps({"kind": "event", "event": event}, default=str))
+            return
+        if event.get("type") == "line" and event.get("file") == "train.log":
+            text = str(event.get("text", ""))
+            if " step=" in text and event.get("run_id") == self.store.run_id:
+                self.write(text)  # step lines pass straight through
+        elif event.get("type") == "link" and event.get("state") in ("reconnecting", "refused"):
+            self.write(
+                f"link {event['state']}: {event.get('detail')}"
+                + (f" (retry in {event['retry_in']}s)" if event.get("retry_in") else "")
+            )
+
+    def snapshot_text(self) -> str:
+        findings = diagnose(self.store)
+        if self.as_json:
+            return json.dumps(
+                {
+                    "kind": "snapshot",
+                    "time": time.time(),
+                    "state": self.store.to_json(),
+                    "findings": [asdict(f) for f in findings],
+                },
+                default=str,
+            )
+        line = status_line(self.store, findings, unicode=self.unicode)
+        if self.color and findings:
+            colour = "31" if findings[0].severity == "critical" else "33"
+            line = f"\x1b[{colour}m{line}\x1b[0m"
+        return line
+
+    async def _settled(self, timeout: float) -> None:
+        """For --once: wait until the picture is complete (or the time is up)."""
+        s = self.store
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if s.link.state == "refused":
+                return
+            ready = s.hello is not None and s.runs_received and s.follow_received
+            run_seen = s.run_id is None or s.heartbeat is not None or s.heartbeat_error
+            if ready and run_seen and s.gpu is not None:
+                return
+            await asyncio.sleep(0.05)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop.set)  # leaves the remote run alone
+        self.link.start()
+        try:
+            if self.once:
+                await self._settled(timeout=15.0)
+                findings = diagnose(self.store)
+                self.write(self.snapshot_text())
+                if not self.as_json:
+                    for f in findings:
+                        self.write(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")
+                return exit_code_for(self.store, findings)
+            while not self._stop.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval)
+                if not self._stop.is_set():
+                    self.write(self.snapshot_text())
+            return EXIT_OK
+        finally:
+            await self.link.close()

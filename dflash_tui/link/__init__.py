@@ -1,0 +1,1 @@
+"""Transports to the agent: a local subprocess, or one SSH connection (asyncssh)."""

@@ -1,0 +1,263 @@
+"""Starting the agent: as a local subprocess, or over one SSH connection.
+
+Either way the agent is `python -u -c <BOOTSTRAP> ARGS` behind the exec prefix (`pct exec
+CTID --`, `docker exec -i NAME`), and its source follows on stdin. Every remote argument is
+quoted with shlex; no shell string is ever built from unchecked input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from dflash_tui.targets import Target
+
+AGENT_SOURCE_PATH = Path(__file__).resolve().parents[1] / "agent.py"
+
+# Reads the agent's length-prefixed source from stdin and runs it as __main__; the same
+# stdin then carries the commands.
+BOOTSTRAP = (
+    "import sys;n=int(sys.stdin.buffer.readline());"
+    "exec(compile(sys.stdin.buffer.read(n),'dflash_agent','exec'))"
+)
+
+
+def agent_source() -> bytes:
+    return AGENT_SOURCE_PATH.read_bytes()
+
+
+def agent_argv(target: Target, extra: list[str] | None = None) -> list[str]:
+    return [
+        *target.exec_prefix,
+        target.effective_python,
+        "-u",
+        "-c",
+        BOOTSTRAP,
+        "--run-root",
+        target.effective_run_root,
+        "--remote-dir",
+        target.remote_dir,
+        "--python",
+        target.effective_python,
+        *(extra or []),
+    ]
+
+
+class AgentProcess(Protocol):
+    """What a transport hands back: the agent's pipes."""
+
+    async def write(self, data: bytes) -> None: ...
+    async def readline(self) -> bytes: ...
+    async def stderr_tail(self) -> str: ...
+    async def exit_status(self) -> int | None: ...
+    def terminate(self) -> None: ...
+    async def aclose(self) -> None: ...
+
+
+class ConnectError(Exception):
+    """The transport could not connect. `fatal`: retrying cannot help (host key, auth)."""
+
+    def __init__(self, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+# -- local ----------------------------------------------------------------------------------
+@dataclass
+class _LocalAgent:
+    proc: asyncio.subprocess.Process
+
+    async def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def readline(self) -> bytes:
+        assert self.proc.stdout is not None
+        return await self.proc.stdout.readline()
+
+    async def stderr_tail(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        with contextlib.suppress(asyncio.TimeoutError):
+            data = await asyncio.wait_for(self.proc.stderr.read(65536), 1.0)
+            return data.decode(errors="replace")
+        return ""
+
+    async def exit_status(self) -> int | None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            return await asyncio.wait_for(self.proc.wait(), 2.0)
+        return None
+
+    def terminate(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    async def aclose(self) -> None:
+        self.terminate()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+
+class LocalTransport:
+    def __init__(self, target: Target, agent_extra: list[str] | None = None) -> None:
+        self.target = target
+        self.agent_extra = agent_extra or []
+
+    async def connect(self) -> None:
+        return None
+
+    async def start_agent(self) -> AgentProcess:
+        argv = agent_argv(self.target, self.agent_extra)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=1 << 26,  # a deploy reply or a big stack dump is one long line
+            )
+        except OSError as e:
+            raise ConnectError(f"could not start {argv[0]}: {e}") from None
+        return _LocalAgent(proc)
+
+    async def close(self) -> None:
+        return None
+
+    def describe(self) -> str:
+        return self.target.describe()
+
+
+# -- ssh ----------------------------------------------------------------------------------
+@dataclass
+class _SshAgent:
+    proc: Any  # asyncssh.SSHClientProcess
+
+    async def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def readline(self) -> bytes:
+        data: bytes = await self.proc.stdout.readline()
+        return data
+
+    async def stderr_tail(self) -> str:
+        with contextlib.suppress(Exception):
+            data = await asyncio.wait_for(self.proc.stderr.read(65536), 1.0)
+            return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        return ""
+
+    async def exit_status(self) -> int | None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait_closed(), 2.0)
+            status = self.proc.exit_status
+            return int(status) if status is not None else None
+        return None
+
+    def terminate(self) -> None:
+        with contextlib.suppress(Exception):
+            self.proc.close()
+
+    async def aclose(self) -> None:
+        self.terminate()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait_closed(), 5)
+
+
+class SshTransport:
+    """One asyncssh connection; the agent runs in one channel of it.
+
+    ~/.ssh/config aliases, identity files and ProxyJump come from asyncssh's OpenSSH config
+    support. known_hosts checking stays on: a mismatch is refused, never retried."""
+
+    KEEPALIVE_S = 15
+    KEEPALIVE_COUNT = 3
+    CONNECT_TIMEOUT_S = 10
+
+    def __init__(self, target: Target, agent_extra: list[str] | None = None) -> None:
+        self.target = target
+        self.agent_extra = agent_extra or []
+        self.conn: Any = None
+
+    async def connect(self) -> None:
+        import asyncssh
+
+        if self.conn is not None and not self.conn.is_closed():
+            return
+        t = self.target
+        options: dict[str, Any] = {
+            "keepalive_interval": self.KEEPALIVE_S,
+            "keepalive_count_max": self.KEEPALIVE_COUNT,
+            "connect_timeout": self.CONNECT_TIMEOUT_S,
+        }
+        if t.port:
+            options["port"] = t.port
+        if t.user:
+            options["username"] = t.user
+        if t.identity:
+            options["client_keys"] = [os.path.expanduser(t.identity)]
+        if t.known_hosts:
+            options["known_hosts"] = os.path.expanduser(t.known_hosts)
+        where = self.describe()
+        try:
+            self.conn = await asyncssh.connect(t.host or "", **options)
+        except asyncssh.HostKeyNotVerifiable as e:
+            kh = t.known_hosts or "~/.ssh/known_hosts"
+            raise ConnectError(
+                f"host key of {where} not accepted ({e.reason}): check {kh}; if the host was "
+                "reinstalled, remove its old entry",
+                fatal=True,
+            ) from None
+        except asyncssh.PermissionDenied:
+            raise ConnectError(
+                f"{where}: authentication refused (keys tried: "
+                f"{t.identity or 'ssh-agent and ~/.ssh defaults'})",
+                fatal=True,
+            ) from None
+        except asyncssh.Error as e:
+            raise ConnectError(f"{where}: {e.reason or type(e).__name__}") from None
+        except (TimeoutError, OSError) as e:
+            text = str(e) or type(e).__name__
+            if isinstance(e, asyncio.TimeoutError):
+                text = f"no answer within {self.CONNECT_TIMEOUT_S}s"
+            raise ConnectError(f"{where} unreachable: {text}") from None
+
+    async def start_agent(self) -> AgentProcess:
+        import asyncssh
+
+        await self.connect()
+        command = shlex.join(agent_argv(self.target, self.agent_extra))
+        try:
+            proc = await self.conn.create_process(command, encoding=None)
+        except (asyncssh.Error, OSError) as e:
+            self.conn = None
+            raise ConnectError(f"{self.describe()}: could not open a channel: {e}") from None
+        return _SshAgent(proc)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.conn.wait_closed(), 2.0)
+            self.conn = None
+
+    def drop(self) -> None:
+        """Forget the connection (it died); the next start reconnects."""
+        if self.conn is not None:
+            self.conn.abort()
+            self.conn = None
+
+    def describe(self) -> str:
+        return self.target.describe()
+
+
+def make_transport(target: Target, agent_extra: list[str] | None = None) -> Any:
+    if target.kind == "local":
+        return LocalTransport(target, agent_extra)
+    return SshTransport(target, agent_extra)

@@ -1,0 +1,191 @@
+"""Where the monitor connects: TARGET strings, exec prefixes, and the user's named targets.
+
+TARGET is `local` (the default), `ssh://[user@]host[:port]`, or an ~/.ssh/config alias (any
+other word). `~/.config/dflash-tui/config.toml` can name targets with every option:
+
+    [targets.gpu-box]
+    target = "ssh://root@10.0.0.5"     # or an ssh alias
+    pct = 200                          # or exec_prefix = "docker exec -i trainer"
+    remote_dir = "/workspace/dflash"
+    run_root = "/workspace/runs"
+    python = "/opt/venv/bin/python"
+    identity = "~/.ssh/id_ed25519"
+    known_hosts = "~/.ssh/known_hosts"
+
+so that `dflash-tui gpu-box` is enough. Options given on the command line win.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+_ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
+_CTID = re.compile(r"^\d+$")
+
+
+class TargetError(ValueError):
+    """A bad target or option; the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # as the user wrote it, for display
+    kind: str  # "local" | "ssh"
+    host: str | None = None  # host name, address or ssh alias
+    port: int | None = None
+    user: str | None = None
+    remote_dir: str = "~/dflash"
+    run_root: str | None = None  # None = <remote_dir>/runs
+    exec_prefix: tuple[str, ...] = ()
+    python: str | None = None  # None = python3 remotely, this interpreter locally
+    identity: str | None = None
+    known_hosts: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def effective_run_root(self) -> str:
+        return self.run_root or f"{self.remote_dir.rstrip('/')}/runs"
+
+    @property
+    def effective_python(self) -> str:
+        if self.python:
+            return self.python
+        return sys.executable if self.kind == "local" and not self.exec_prefix else "python3"
+
+    def describe(self) -> str:
+        where = "local" if self.kind == "local" else f"{self.user + '@' if self.user else ''}"
+        if self.kind == "ssh":
+            where += f"{self.host}{':' + str(self.port) if self.port else ''}"
+        if self.exec_prefix:
+            where += " via " + shlex.join(self.exec_prefix)
+        return where
+
+
+def exec_prefix(pct: str | int | None, prefix: str | None) -> tuple[str, ...]:
+    if pct is not None and prefix:
+        raise TargetError("--pct and --exec-prefix: give one, not both")
+    if pct is not None:
+        ctid = str(pct)
+        if not _CTID.match(ctid):
+            raise TargetError(f"--pct {ctid!r}: a container id is a number")
+        return ("pct", "exec", ctid, "--")
+    if prefix:
+        try:
+            parts = tuple(shlex.split(prefix))
+        except ValueError as e:
+            raise TargetError(f"--exec-prefix {prefix!r}: {e}") from None
+        if not parts:
+            raise TargetError("--exec-prefix is empty")
+        return parts
+    return ()
+
+
+def parse_target(text: str) -> Target:
+    if text in ("", "local"):
+        return Target(name="local", kind="local")
+    if text.startswith("ssh://"):
+        u = urlsplit(text)
+        if not u.hostname:
+            raise TargetError(f"target {text!r}: no host")
+        try:
+            port = u.port
+        except ValueError:
+            raise TargetError(f"target {text!r}: bad port") from None
+        return Target(name=text, kind="ssh", host=u.hostname, port=port, user=u.username)
+    if "://" in text or not _ALIAS.match(text):
+        raise TargetError(
+            f"target {text!r}: expected local, ssh://[user@]host[:port] or an ssh alias"
+        )
+    user, _, host = text.rpartition("@")
+    return Target(name=text, kind="ssh", host=host, user=user or None)
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "dflash-tui" / "config.toml"
+
+
+def load_user_targets(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    path = path or user_config_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as e:
+        raise TargetError(f"{path}: {e}") from None
+    targets = data.get("targets", {})
+    if not isinstance(targets, dict):
+        raise TargetError(f"{path}: [targets] must be a table of named targets")
+    return targets
+
+
+_KEYS = {
+    "target",
+    "pct",
+    "exec_prefix",
+    "remote_dir",
+    "run_root",
+    "python",
+    "identity",
+    "known_hosts",
+    "theme",
+    "baseline_tok_s",
+}
+
+
+def resolve_target(
+    text: str | None,
+    *,
+    run_root: str | None = None,
+    remote_dir: str | None = None,
+    pct: str | None = None,
+    prefix: str | None = None,
+    python: str | None = None,
+    identity: str | None = None,
+    known_hosts: str | None = None,
+    config_path: Path | None = None,
+) -> Target:
+    """The target a command line names, with the user's named target underneath it."""
+    named = load_user_targets(config_path)
+    text = text or "local"
+    saved = named.get(text)
+    if saved is not None:
+        unknown = set(saved) - _KEYS
+        if unknown:
+            raise TargetError(f"targets.{text}: unknown keys {sorted(unknown)}")
+        base = parse_target(str(saved.get("target", text if text != "local" else "local")))
+        base = replace(base, name=text)
+    else:
+        base = parse_target(text)
+        saved = {}
+
+    def pick(cli: Any, key: str) -> Any:
+        return cli if cli is not None else saved.get(key)
+
+    if pct is not None or prefix is not None:
+        pre = exec_prefix(pct, prefix)
+    else:
+        pre = exec_prefix(saved.get("pct"), saved.get("exec_prefix"))
+    t = replace(
+        base,
+        remote_dir=str(pick(remote_dir, "remote_dir") or base.remote_dir),
+        run_root=pick(run_root, "run_root"),
+        exec_prefix=pre,
+        python=pick(python, "python"),
+        identity=pick(identity, "identity"),
+        known_hosts=pick(known_hosts, "known_hosts"),
+        extra={k: v for k, v in saved.items() if k in ("theme", "baseline_tok_s")},
+    )
+    for key in ("remote_dir", "run_root", "python"):
+        value = getattr(t, key)
+        if value is not None and ("\n" in value or "\0" in value):
+            raise TargetError(f"--{key.replace('_', '-')}: no newlines or NUL bytes")
+    return t

@@ -1,0 +1,326 @@
+"""A fake `pynvml` (nvidia-ml-py) for machines with no GPU: NVML's interface, JSON-backed.
+
+Put this directory first on PYTHONPATH and set FAKE_NVML_STATE to a JSON file:
+
+    {"driver": "550.127.05",                                   # optional
+     "devices": [{"name": "NVIDIA H200", "uuid": "GPU-...", "mem_total": bytes,
+                  "mem_base": bytes, "util": int, "mem_util": int (optional),
+                  "power_w": float, "temp_c": int}],
+     "processes": [{"pid": int, "device": int, "mem": bytes}]}
+
+The file is re-read on every call, so a test can change it under a running program.
+A listed process counts only while its pid is alive (not a zombie), so killing a real
+trainer "frees" its memory just as the driver would. Device memory used = mem_base + the
+live processes' mem. Names, return types and errors follow nvidia-ml-py 12.x: strings come
+back as str, handles are opaque, failures raise NVMLError subclasses carrying NVML codes.
+No state file (or FAKE_NVML_STATE unset) reads as "Driver Not Loaded" at nvmlInit; the file
+vanishing after nvmlInit reads as "GPU is lost".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+NVML_TEMPERATURE_GPU = 0
+NVML_TEMPERATURE_COUNT = 1
+
+# What NVML reports for gpuInstanceId/computeInstanceId outside MIG mode.
+_NO_INSTANCE = 0xFFFFFFFF
+
+_DEFAULT_DRIVER = "550.127.05"
+
+
+class NVMLError(Exception):
+    """NVMLError(code) -> the NVMLError_<Name> subclass for that code, like the real one."""
+
+    _valClassMapping: dict[int, type[NVMLError]] = {}  # noqa: RUF012 - mirrors pynvml
+    _errcode_to_string: dict[int, str] = {  # noqa: RUF012
+        NVML_ERROR_UNINITIALIZED: "Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+        NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+        NVML_ERROR_NOT_FOUND: "Not Found",
+        NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+        NVML_ERROR_UNKNOWN: "Unknown Error",
+    }
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        # NVMLError(9) hands back an NVMLError_DriverNotLoaded, so either can be caught.
+        actual = NVMLError._valClassMapping.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(actual)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+
+    def __str__(self) -> str:
+        if isinstance(self.value, str):  # tolerate NVMLError("text") from hand-written fakes
+            return self.value
+        return NVMLError._errcode_to_string.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _error_class(name: str, code: int) -> type[NVMLError]:
+    def new(cls: type[NVMLError], *args: object) -> NVMLError:
+        return NVMLError.__new__(cls, code)
+
+    def init(self: NVMLError, *args: object) -> None:
+        Exception.__init__(self, code)
+
+    cls = type(name, (NVMLError,), {"__new__": new, "__init__": init, "__module__": __name__})
+    NVMLError._valClassMapping[code] = cls
+    return cls
+
+
+NVMLError_Uninitialized = _error_class("NVMLError_Uninitialized", NVML_ERROR_UNINITIALIZED)
+NVMLError_InvalidArgument = _error_class("NVMLError_InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
+NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
+NVMLError_DriverNotLoaded = _error_class("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
+NVMLError_Unknown = _error_class("NVMLError_Unknown", NVML_ERROR_UNKNOWN)
+
+
+# Class names below are pynvml's own.
+class nvmlFriendlyObject:
+    """What pynvml returns for process lists: plain attributes."""
+
+    def __init__(self, dictionary: dict[str, Any]) -> None:
+        for key, value in dictionary.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:
+        return str(self.__dict__)
+
+    __repr__ = __str__
+
+
+class c_nvmlMemory_t:
+    def __init__(self, total: int, free: int, used: int) -> None:
+        self.total = total
+        self.free = free
+        self.used = used
+
+    def __repr__(self) -> str:
+        return f"c_nvmlMemory_t(total: {self.total} B, free: {self.free} B, used: {self.used} B)"
+
+
+class c_nvmlUtilization_t:
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu = gpu
+        self.memory = memory
+
+    def __repr__(self) -> str:
+        return f"c_nvmlUtilization_t(gpu: {self.gpu} %, memory: {self.memory} %)"
+
+
+class c_nvmlDevice_t:
+    """Opaque device handle; only the index means anything, and only to this module."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, c_nvmlDevice_t) and other._index == self._index
+
+    def __hash__(self) -> int:
+        return hash(self._index)
+
+    def __repr__(self) -> str:
+        return f"<c_nvmlDevice_t #{self._index}>"
+
+
+_lock = threading.Lock()
+_refcount = 0  # nvmlInit/nvmlShutdown nest, as in NVML
+
+
+def _read_state() -> dict[str, Any] | None:
+    path = os.environ.get("FAKE_NVML_STATE")
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _state() -> dict[str, Any]:
+    """The current state for a call made after nvmlInit."""
+    if _refcount == 0:
+        raise NVMLError(NVML_ERROR_UNINITIALIZED)
+    state = _read_state()
+    if state is None:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    return state
+
+
+def _device(handle: c_nvmlDevice_t) -> dict[str, Any]:
+    devices = _state()["devices"]
+    if not isinstance(handle, c_nvmlDevice_t) or not 0 <= handle._index < len(devices):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return devices[handle._index]
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie: the driver frees memory at exit, not when the parent reaps."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
+
+
+def _live_processes(index: int) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in _state().get("processes", [])
+        if int(p.get("device", 0)) == index and pid_alive(int(p["pid"]))
+    ]
+
+
+# --- library ---------------------------------------------------------------------------
+
+
+def nvmlInit() -> None:
+    global _refcount
+    if _read_state() is None:
+        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+    with _lock:
+        _refcount += 1
+
+
+nvmlInit_v2 = nvmlInit
+
+
+def nvmlInitWithFlags(flags: int) -> None:
+    nvmlInit()
+
+
+def nvmlShutdown() -> None:
+    global _refcount
+    with _lock:
+        if _refcount == 0:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        _refcount -= 1
+
+
+def nvmlErrorString(result: int) -> str:
+    return NVMLError._errcode_to_string.get(result, "Unknown Error")
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    return str(_state().get("driver", _DEFAULT_DRIVER))
+
+
+def nvmlSystemGetNVMLVersion() -> str:
+    return "12." + nvmlSystemGetDriverVersion()
+
+
+# --- devices ---------------------------------------------------------------------------
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_state()["devices"])
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> c_nvmlDevice_t:
+    handle = c_nvmlDevice_t(int(index))
+    _device(handle)
+    return handle
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> c_nvmlDevice_t:
+    wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for i, dev in enumerate(_state()["devices"]):
+        if dev["uuid"] == wanted:
+            return c_nvmlDevice_t(i)
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetIndex(handle: c_nvmlDevice_t) -> int:
+    _device(handle)
+    return handle._index
+
+
+def nvmlDeviceGetName(handle: c_nvmlDevice_t) -> str:
+    return str(_device(handle)["name"])
+
+
+def nvmlDeviceGetUUID(handle: c_nvmlDevice_t) -> str:
+    return str(_device(handle)["uuid"])
+
+
+def nvmlDeviceGetMemoryInfo(handle: c_nvmlDevice_t, version: object = None) -> c_nvmlMemory_t:
+    dev = _device(handle)
+    total = int(dev["mem_total"])
+    held = sum(int(p["mem"]) for p in _live_processes(handle._index))
+    used = min(total, int(dev.get("mem_base", 0)) + held)
+    return c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+
+def nvmlDeviceGetUtilizationRates(handle: c_nvmlDevice_t) -> c_nvmlUtilization_t:
+    dev = _device(handle)
+    return c_nvmlUtilization_t(gpu=int(dev.get("util", 0)), memory=int(dev.get("mem_util", 0)))
+
+
+def nvmlDeviceGetPowerUsage(handle: c_nvmlDevice_t) -> int:
+    """Milliwatts, as NVML reports them."""
+    return round(float(_device(handle).get("power_w", 0.0)) * 1000)
+
+
+def nvmlDeviceGetTemperature(handle: c_nvmlDevice_t, sensor: int) -> int:
+    dev = _device(handle)
+    if sensor != NVML_TEMPERATURE_GPU:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(dev.get("temp_c", 0))
+
+
+def nvmlDeviceGetComputeRunningProcesses_v3(handle: c_nvmlDevice_t) -> list[nvmlFriendlyObject]:
+    _device(handle)
+    return [
+        nvmlFriendlyObject(
+            {
+                "pid": int(p["pid"]),
+                "usedGpuMemory": int(p["mem"]),
+                "gpuInstanceId": _NO_INSTANCE,
+                "computeInstanceId": _NO_INSTANCE,
+            }
+        )
+        for p in _live_processes(handle._index)
+    ]
+
+
+nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses_v3
+nvmlDeviceGetComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses_v3
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: c_nvmlDevice_t) -> list[nvmlFriendlyObject]:
+    _device(handle)
+    return []  # a headless training box runs no graphics contexts

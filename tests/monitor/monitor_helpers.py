@@ -1,0 +1,74 @@
+"""Helpers for monitor tests: a Link and Store driven from synchronous test code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dflash_tui.link.link import Link
+from dflash_tui.state import Store
+from dflash_tui.targets import Target
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
+NO_WANDB = "runtime.wandb_mode=disabled"
+
+
+class Remote:
+    """A Link on its own event loop thread, so tests can block on conditions."""
+
+    def __init__(self, target: Target, follow: str | None = "latest", **link_kw: Any) -> None:
+        self.target = target
+        self.store = Store(target.name)
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.RLock()  # predicates may call lines()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.link = self.call(self._make(follow, link_kw))
+
+    async def _make(self, follow: str | None, link_kw: dict[str, Any]) -> Link:
+        link = Link(self.target, self._sink, follow=follow, **link_kw)
+        link.start()
+        return link
+
+    def _sink(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.events.append(event)
+            self.store.apply(event)
+
+    def call(self, coro: Any, timeout: float = 240) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def request(self, cmd: dict[str, Any], timeout: float = 120, **kw: Any) -> dict[str, Any]:
+        return self.call(self.link.request(cmd, timeout=timeout, **kw), timeout + 10)
+
+    def wait(self, predicate: Callable[[Store], Any], timeout: float = 60, what: str = "") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                value = predicate(self.store)
+            if value:
+                return value
+            time.sleep(0.02)
+        with self._lock:
+            tail = self.events[-8:]
+        raise AssertionError(f"timed out waiting for {what or predicate}; last events: {tail}")
+
+    def lines(self, file: str = "train.log") -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events if e.get("type") == "line" and e.get("file") == file]
+
+    def close(self) -> None:
+        try:
+            self.call(self.link.close(), 30)
+            self.call(self.loop.shutdown_asyncgens(), 10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+            if not self._thread.is_alive():
+                self.loop.close()

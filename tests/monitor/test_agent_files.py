@@ -1,0 +1,79 @@
+"""The agent's file following: offsets, partial lines, truncation, rotation, a huge log."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dflash_tui.agent import FileFollower, HeartbeatWatch
+
+
+def test_lines_come_whole_with_their_offsets(tmp_path):
+    p = tmp_path / "train.log"
+    f = FileFollower(str(p), offset=0)
+    assert f.poll() == ([], None)  # not there yet: no error
+    p.write_bytes(b"one\ntw")
+    lines, _ = f.poll()
+    assert lines == [(0, 4, "one")]
+    with open(p, "ab") as fh:
+        fh.write(b"o\nthree\n")
+    lines, _ = f.poll()
+    assert lines == [(4, 8, "two"), (8, 14, "three")]
+    assert f.poll() == ([], None)
+
+
+def test_resume_from_an_offset_neither_loses_nor_repeats(tmp_path):
+    p = tmp_path / "train.log"
+    p.write_bytes(b"".join(b"line %d\n" % i for i in range(100)))
+    first = FileFollower(str(p), offset=0)
+    got, _ = first.poll()
+    cut = got[41][1]  # a session ends after line 41
+    again = FileFollower(str(p), offset=cut)
+    rest, _ = again.poll()
+    assert [t for _, _, t in got[:42] + rest] == [f"line {i}" for i in range(100)]
+
+
+def test_truncation_and_rotation_are_noticed(tmp_path):
+    p = tmp_path / "train.log"
+    p.write_bytes(b"a\nb\nc\n")
+    f = FileFollower(str(p), offset=0)
+    f.poll()
+    with open(p, "r+b") as fh:  # truncated in place, then written again
+        fh.truncate(0)
+    lines, notice = f.poll()
+    assert notice == {"size": 0, "reason": "truncated"} and lines == []
+    with open(p, "ab") as fh:
+        fh.write(b"d\n")
+    assert f.poll()[0] == [(0, 2, "d")]
+    os.rename(p, tmp_path / "train.log.1")  # rotated: a new file under the same name
+    p.write_bytes(b"e\n")
+    lines, notice = f.poll()
+    assert notice["reason"] == "replaced" and lines == [(0, 2, "e")]
+
+
+def test_a_big_log_opens_at_its_tail_at_once(tmp_path):
+    p = tmp_path / "train.log"
+    line = b"[1m] step=1 loss=1.0000 " + b"x" * 100 + b"\n"
+    with open(p, "wb") as fh:
+        fh.truncate(1 << 30)  # a sparse 1 GiB file of NULs, then real lines at its end
+        fh.seek(1 << 30)
+        fh.write(line * 1000)
+    t0 = time.perf_counter()
+    f = FileFollower(str(p), offset=None, tail_bytes=64 * 1024)
+    lines, _ = f.poll()
+    assert time.perf_counter() - t0 < 1.0
+    assert lines and all(t == line[:-1].decode() for _, _, t in lines)
+    assert lines[-1][1] == p.stat().st_size
+
+
+def test_a_torn_heartbeat_is_reported_and_the_last_good_kept(tmp_path):
+    p = tmp_path / "heartbeat.json"
+    w = HeartbeatWatch(str(p))
+    assert w.poll() is None
+    p.write_text('{"phase": "training", "step": 3}')
+    assert w.poll() == ("ok", {"phase": "training", "step": 3})
+    assert w.poll() is None  # unchanged
+    p.write_text('{"phase": "train')  # a writer that does not replace atomically
+    kind, message = w.poll()
+    assert kind == "error" and "heartbeat.json" in message
+    assert w.last_good == {"phase": "training", "step": 3}

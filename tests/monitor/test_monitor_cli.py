@@ -1,0 +1,177 @@
+"""dflash-tui from the command line, as an operator (or a script in tmux) runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from monitor_helpers import NO_WANDB, TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_tui", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def running(tmp_path):
+    """A deployed remote dir with a live tiny run, through the CLI; killed afterwards."""
+    remote = str(tmp_path / "remote")
+    where = ["local", "--remote-dir", remote]
+    assert cli("deploy", *where).returncode == 0
+    r = cli(
+        "launch",
+        *where,
+        "--config",
+        str(TINY),
+        "--set",
+        NO_WANDB,
+        "--set",
+        "train.max_steps=100000",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("launched ")
+    run_dir = Path(r.stdout.split(" in ")[1].split()[0])
+    deadline = time.monotonic() + 60
+    while "step=" not in (run_dir / "train.log").read_text():
+        assert time.monotonic() < deadline, (run_dir / "train.log").read_text()
+        time.sleep(0.2)
+    yield where, run_dir
+    cli("kill", *where, "--timeout", "20")
+
+
+def test_status_is_one_line_and_exit_codes(running):
+    where, run_dir = running
+    r = cli("status", *where)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = r.stdout.splitlines()[0]
+    assert len(line) <= 120
+    assert "training" in line and "tok/s" in line and "q_pre" in line and "no NVIDIA GPU" in line
+    assert "hb " in line and "step " in line and "loss " in line
+
+    j = cli("status", *where, "--json")
+    snap = json.loads(j.stdout.splitlines()[0])
+    assert snap["kind"] == "snapshot" and snap["state"]["phase"] == "training"
+    assert snap["state"]["run_id"] == run_dir.name and snap["findings"] == []
+
+
+def test_headless_lines_pass_step_lines_and_sigint_leaves_the_run(running):
+    where, _run_dir = running
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dflash_tui", *where, "--headless", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, err
+    lines = out.splitlines()
+    status = [ln for ln in lines if "| step " in ln]
+    steps = [ln for ln in lines if ln.startswith("[") and " step=" in ln]
+    assert len(status) >= 3 and steps
+    assert all(len(ln) <= 120 for ln in status)
+    assert "\x1b[" not in out  # no colour when not a TTY
+    assert "Traceback" not in err
+    again = cli("status", *where)  # the remote run is still alive
+    assert again.returncode == 0 and "training" in again.stdout
+
+
+def test_json_lines_carry_events(running):
+    where, _ = running
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dflash_tui", *where, "--headless", "--json", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    time.sleep(3)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=20)
+    objs = [json.loads(ln) for ln in out.splitlines()]
+    kinds = {o["kind"] for o in objs}
+    assert kinds == {"event", "snapshot"}
+    types = {o["event"]["type"] for o in objs if o["kind"] == "event"}
+    assert {"hello", "follow", "heartbeat", "line", "runs"} <= types
+
+
+def test_a_crashed_run_is_critical_and_shows_why(tmp_path):
+    remote = str(tmp_path / "remote")
+    where = ["local", "--remote-dir", remote]
+    cli("deploy", *where)
+    r = cli(
+        "launch",
+        *where,
+        "--config",
+        str(TINY),
+        "--set",
+        NO_WANDB,
+        env={"DFLASH_FAULT": "drafter:2"},
+    )
+    assert r.returncode == 0
+    deadline = time.monotonic() + 60
+    while True:
+        s = cli("status", *where)
+        if s.returncode == 2:
+            break
+        assert time.monotonic() < deadline, s.stdout
+        time.sleep(1)
+    assert "crashed" in s.stdout and "InjectedFault" in s.stdout
+
+
+def test_named_targets_from_the_user_config(tmp_path, running):
+    where, _ = running
+    cfg = tmp_path / "xdg" / "dflash-tui" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(f'[targets.box]\ntarget = "local"\nremote_dir = {json.dumps(where[2])}\n')
+    r = cli("status", "box", env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert r.returncode == 0 and "training" in r.stdout
+
+
+def test_an_ssh_alias_from_ssh_config_is_enough(sshd, tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(sshd.ssh_config.read_text())
+    r = cli(
+        "runs",
+        "gpu-box",
+        "--remote-dir",
+        str(tmp_path / "remote"),
+        "--python",
+        sys.executable,
+        env={"HOME": str(home)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("RUN ID")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["status", "ssh://"], "no host"),
+        (["status", "local", "--pct", "abc"], "--pct 'abc'"),
+        (["launch", "local", "--config", "/nonexistent.toml"], "--config /nonexistent.toml"),
+        (["status", "bad target!"], "target 'bad target!'"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, needle):
+    r = cli(*args)
+    assert r.returncode in (2, 3)
+    assert needle in r.stderr and "Traceback" not in r.stderr
