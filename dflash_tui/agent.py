@@ -15,7 +15,8 @@ Events (stdout):
              or {backend: "none", state: "no_gpu", reason}. `local` = the pid exists in the
              agent's pid namespace (inside a container NVML may report host pids).
   runs       {runs: [RunInfo], alive_run: run_id | null}; RunInfo = {run_id, created, name,
-             phase, step, alive, exit (exit.json or null), best_tok_s, last_tok_s, steps}
+             phase, step, alive, exit (exit.json or null), best_tok_s, last_tok_s, steps,
+             error, phases: {phase: seconds of its first visit}, role_memory: {role: bytes}}
   follow     {run_id, run_dir}: the run whose files the following events are about
   heartbeat  {run_id, data}: heartbeat.json changed (data is the whole heartbeat)
   heartbeat_error {run_id, error}: heartbeat.json unreadable (torn, partial): keep the last
@@ -523,6 +524,8 @@ class RunRoot:
             "last_tok_s": last,
             "steps": steps,
             "error": (hb.get("error") or {}).get("message") if isinstance(hb, dict) else None,
+            "phases": phase_durations(hb),
+            "role_memory": role_memory(hb),
         }
 
     def _metrics_summary(self, run_id, path):
@@ -1221,6 +1224,34 @@ class Agent:
         record = {"sha256": want, "release": final, "at": time.time(), "bytes": len(blob)}
         write_json_atomic(os.path.join(self.remote_dir, "deployed.json"), record)
         return record
+
+
+def phase_durations(hb):
+    """{phase: seconds} of each phase's first visit, from the heartbeat's history: what the
+    monitor compares a slow phase against ("compile took 4m12s last time")."""
+    history = hb.get("phase_history") or []
+    out = {}
+    ends = [h.get("started_at") for h in history[1:]] + [hb.get("now")]
+    for h, end in zip(history, ends):  # noqa: B905 (equal lengths; strict= needs 3.10)
+        start = h.get("started_at")
+        name = h.get("phase")
+        if name not in out and isinstance(start, (int, float)) and isinstance(end, (int, float)):
+            out[name] = max(0.0, end - start)
+    return out
+
+
+def role_memory(hb):
+    """{role: largest peak bytes over that role's devices}: a healthy run's memory per role."""
+    peaks: dict[str, Any] = {}
+    for dev, mem in (hb.get("memory") or {}).items():
+        if isinstance(mem, dict):
+            peaks[dev] = mem.get("peak") or mem.get("reserved") or 0
+    out: dict[str, Any] = {}
+    for t in hb.get("threads") or []:
+        dev = t.get("device")
+        if dev in peaks and t.get("role") in ("target", "drafter"):
+            out[t["role"]] = max(out.get(t["role"], 0), peaks[dev])
+    return out
 
 
 def safe_extract(tar, dest):

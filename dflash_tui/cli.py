@@ -58,6 +58,10 @@ def _common(p: argparse.ArgumentParser, target: bool = True) -> None:
     h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
     h.add_argument("--json", action="store_true", help="JSON lines instead of text")
     h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
+    p.add_argument(
+        "--theme",
+        help="TUI theme: dark, light, high-contrast or one of yours (remembered; `t` cycles)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,12 +239,14 @@ async def _monitor(args: argparse.Namespace, target: Target) -> int:
         return await Headless(
             target, interval=args.interval, as_json=args.json, once=args.once
         ).run()
+    from dflash_tui.app import run_app
+    from dflash_tui.themes import ThemeError
+
     try:
-        from dflash_tui.app import run_app
-    except ImportError:  # the TUI is not built yet: lines it is
-        _err("the TUI is not available here; showing headless lines")
-        return await Headless(target, interval=args.interval).run()
-    return await run_app(target, args)
+        return await run_app(target, args)
+    except ThemeError as e:
+        _err(str(e))
+        return 2
 
 
 def demo_target(args: argparse.Namespace) -> Target:

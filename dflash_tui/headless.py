@@ -31,29 +31,13 @@ from dataclasses import asdict
 from typing import Any, TextIO
 
 from dflash_tui.diagnosis import Finding, diagnose
+from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.link import Link
 from dflash_tui.state import ROLE_LETTER, Store
 from dflash_tui.targets import Target
 
 WIDTH = 120
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNREACHABLE = 0, 1, 2, 3
-_BARS = "▁▂▃▄▅▆▇█"
-
-
-def _dur(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-
-
-def _rate(tok_s: Any) -> str:
-    if not isinstance(tok_s, int | float):
-        return "? tok/s"
-    return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
 def gpu_summary(s: Store, unicode: bool = True) -> str:
@@ -73,7 +57,7 @@ def gpu_summary(s: Store, unicode: bool = True) -> str:
         if util is None:
             bar = "?"
         elif unicode:
-            bar = _BARS[min(7, int(util) * 8 // 101)]
+            bar = BARS[min(7, int(util) * 8 // 101)]
         else:
             bar = str(min(9, int(util) // 10))
         parts.append(f"{letter}{int(d.get('mem_used', 0)) >> 30}{bar}")
@@ -94,12 +78,12 @@ def status_line(
         return text[:width]
     phase, in_phase = s.phase()
     hb = s.heartbeat or {}
-    fields = [f"{clock} {phase or 'no run'}" + (f" {_dur(in_phase)}" if phase else "")]
+    fields = [f"{clock} {phase or 'no run'}" + (f" {duration(in_phase)}" if phase else "")]
     if s.link.state != "connected":
         fields[0] += f" [{s.link.state}]"
     if hb:
         fields.append(f"step {hb.get('step', '?')}")
-        fields.append(_rate(hb.get("tok_s")))
+        fields.append(rate(hb.get("tok_s")))
     last = s.step_lines[-1] if s.step_lines else s.last_metrics()
     if last and isinstance(last.get("loss"), int | float):
         fields.append(f"loss {last['loss']:.3f}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,15 @@ class LinkInfo:
 
 
 class Store:
-    def __init__(self, target: str = "local", log_capacity: int = 5000, history: int = 3600):
+    def __init__(
+        self,
+        target: str = "local",
+        log_capacity: int = 5000,
+        history: int = 3600,
+        clock: Callable[[], float] = time.time,
+    ):
         self.target = target
+        self.clock = clock  # injectable: snapshot tests need a frozen "now"
         self.version = 0
         self.link = LinkInfo()
         self.hello: dict[str, Any] | None = None
@@ -45,6 +53,7 @@ class Store:
         self.heartbeat_received: float | None = None  # agent time of the last good one
         self.heartbeat_error: str | None = None
         self.log_lines: deque[str] = deque(maxlen=log_capacity)
+        self.log_total = 0  # train.log lines ever received for this run (views count from it)
         self.step_lines: deque[dict[str, Any]] = deque(maxlen=log_capacity)
         self.last_step_line_at: float | None = None  # agent time the last step line arrived
         self.metrics: deque[dict[str, Any]] = deque(maxlen=history * 10)
@@ -60,12 +69,12 @@ class Store:
     # -- time ------------------------------------------------------------------------
     def remote_now(self, now: float | None = None) -> float:
         """The agent's clock now: ages of remote timestamps must not depend on clock skew."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         return now - (self.clock_offset or 0.0)
 
     def _seen(self, t: Any) -> None:
         if isinstance(t, int | float):
-            offset = time.time() - t
+            offset = self.clock() - t
             # The smallest offset is the one with the least transit delay in it.
             if self.clock_offset is None or offset < self.clock_offset:
                 self.clock_offset = offset
@@ -82,7 +91,7 @@ class Store:
 
     def _on_link(self, e: dict[str, Any]) -> None:
         if e.get("state") != self.link.state:
-            self.link.since = time.time()
+            self.link.since = self.clock()
         self.link.state = str(e.get("state"))
         self.link.detail = str(e.get("detail") or "")
         self.link.attempt = int(e.get("attempt") or 0)
@@ -99,7 +108,7 @@ class Store:
 
     def _on_gpu(self, e: dict[str, Any]) -> None:
         self.gpu = e
-        t = float(e.get("t") or time.time())
+        t = float(e.get("t") or self.clock())
         for d in e.get("devices") or []:
             hist = self.gpu_history.setdefault(int(d["index"]), deque(maxlen=self.history))
             hist.append((t, int(d.get("mem_used") or 0), d.get("util")))
@@ -112,6 +121,7 @@ class Store:
             self.heartbeat_received = None
             self.heartbeat_error = None
             self.log_lines.clear()
+            self.log_total = 0
             self.step_lines.clear()
             self.metrics.clear()
             self.launch_log.clear()
@@ -122,7 +132,7 @@ class Store:
     def _on_heartbeat(self, e: dict[str, Any]) -> None:
         if e.get("run_id") == self.run_id:
             self.heartbeat = e.get("data")
-            self.heartbeat_received = float(e.get("t") or time.time())
+            self.heartbeat_received = float(e.get("t") or self.clock())
             self.heartbeat_error = None
 
     def _on_heartbeat_error(self, e: dict[str, Any]) -> None:
@@ -136,11 +146,12 @@ class Store:
         name = e.get("file")
         if name == "train.log":
             self.log_lines.append(text)
+            self.log_total += 1
             parsed = parse_step_line(text)
             if parsed is not None:
                 parsed["received"] = e.get("t")
                 self.step_lines.append(parsed)
-                self.last_step_line_at = float(e.get("t") or time.time())
+                self.last_step_line_at = float(e.get("t") or self.clock())
         elif name == "metrics.jsonl":
             try:
                 m = json.loads(text)
@@ -152,7 +163,7 @@ class Store:
             self.launch_log.append(text)
 
     def _on_truncated(self, e: dict[str, Any]) -> None:
-        self.notes.append((time.time(), "warning", f"{e.get('file')} {e.get('reason')}"))
+        self.notes.append((self.clock(), "warning", f"{e.get('file')} {e.get('reason')}"))
 
     def _on_runs(self, e: dict[str, Any]) -> None:
         self.runs = list(e.get("runs") or [])
@@ -164,10 +175,10 @@ class Store:
             self.liveness = e
 
     def _on_log(self, e: dict[str, Any]) -> None:
-        self.notes.append((time.time(), str(e.get("level")), str(e.get("message"))))
+        self.notes.append((self.clock(), str(e.get("level")), str(e.get("message"))))
 
     def _on_progress(self, e: dict[str, Any]) -> None:
-        self.notes.append((time.time(), "info", str(e.get("message"))))
+        self.notes.append((self.clock(), "info", str(e.get("message"))))
 
     # -- derived ---------------------------------------------------------------------
     def heartbeat_age(self, now: float | None = None) -> float | None:

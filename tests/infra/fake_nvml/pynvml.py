@@ -45,8 +45,8 @@ _DEFAULT_DRIVER = "550.127.05"
 class NVMLError(Exception):
     """NVMLError(code) -> the NVMLError_<Name> subclass for that code, like the real one."""
 
-    _valClassMapping: dict[int, type[NVMLError]] = {}  # noqa: RUF012 - mirrors pynvml
-    _errcode_to_string: dict[int, str] = {  # noqa: RUF012
+    _valClassMapping: dict[int, type[NVMLError]] = {}
+    _errcode_to_string: dict[int, str] = {
         NVML_ERROR_UNINITIALIZED: "Uninitialized",
         NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
         NVML_ERROR_NOT_SUPPORTED: "Not Supported",

@@ -1,0 +1,295 @@
+"""The Textual app: the second view of the same store the headless mode prints.
+
+Events from the link go into the Store as they arrive (cheap); the panes redraw from the
+store on a timer, only when it changed, so a burst of log lines costs one redraw. Control
+keys send agent commands; a command already in flight is never sent twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.theme import Theme
+from textual.widgets import Footer, Static
+
+from dflash_tui import themes
+from dflash_tui.diagnosis import diagnose
+from dflash_tui.link.link import Link, LinkError
+from dflash_tui.state import Store
+from dflash_tui.targets import Target
+from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.gpus import GpuPane
+from dflash_tui.widgets.header import StatusBar
+from dflash_tui.widgets.heartbeat import HeartbeatPane
+from dflash_tui.widgets.plots import Plots
+from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.screens import (
+    ConfirmScreen,
+    FilterScreen,
+    HelpScreen,
+    RunsScreen,
+    TextScreen,
+)
+from dflash_tui.widgets.steplog import StepLog
+
+
+class DFlashApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "dflash-tui"
+    BINDINGS = [
+        Binding("r", "restart", "restart"),
+        Binding("k", "kill", "kill"),
+        Binding("d", "dump_stacks", "stacks"),
+        Binding("c", "clear_cache", "clear cache"),
+        Binding("l,enter", "runs", "runs"),
+        Binding("slash", "filter", "filter"),
+        Binding("f", "follow", "follow"),
+        Binding("t", "next_theme", "theme"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+    REFRESH_S = 0.25
+
+    def __init__(
+        self,
+        target: Target,
+        theme_name: str | None = None,
+        link: Any = None,
+        connect: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`connect=False`: no link is started (tests feed events with `feed`)."""
+        super().__init__()
+        self.target = target
+        self.store = Store(target.name, clock=clock)
+        self.connect = connect
+        self.link: Any = link
+        self.clock = clock
+        self._drawn_version = -1
+        self._busy: str | None = None  # the control command in flight, if any
+        self.theme_specs = themes.available_themes()
+        for spec in self.theme_specs.values():
+            colours: dict[str, Any] = dict(spec.colours)
+            self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
+        wanted = theme_name or themes.remembered_theme() or themes.DEFAULT_THEME
+        if wanted not in self.theme_specs:
+            wanted = (
+                themes.DEFAULT_THEME
+                if themes.DEFAULT_THEME in self.theme_specs
+                else (next(iter(self.theme_specs), "textual-dark"))
+            )
+        self.theme = wanted
+
+    # -- layout -----------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status")
+        with Horizontal(id="top"):
+            with Vertical(id="gpus-box", classes="box"):
+                yield Static("GPUs", classes="box-title")
+                yield GpuPane(id="gpus")
+            with Vertical(id="hb-box", classes="box"):
+                yield Static("Heartbeat", classes="box-title")
+                yield HeartbeatPane(id="heartbeat")
+        with Horizontal(id="middle"):
+            with Vertical(id="log-box", classes="box"):
+                yield Static("Step log", classes="box-title", id="log-title")
+                yield StepLog(id="steplog")
+            with Vertical(id="side"):
+                with Vertical(id="queues-box", classes="box"):
+                    yield Static("Queues", classes="box-title")
+                    yield QueuePane(id="queues")
+                with Vertical(id="alerts-box", classes="box"):
+                    yield Static("Alerts", classes="box-title")
+                    yield AlertsPane(id="alerts")
+        with Vertical(id="plots-box", classes="box"):
+            yield Plots(id="plots")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.set_interval(self.REFRESH_S, self.redraw)
+        if self.connect:
+            if self.link is None:
+                self.link = Link(self.target, self.feed)
+            self.link.start()
+        self.redraw(force=True)
+
+    async def on_unmount(self) -> None:
+        if self.link is not None and self.connect:
+            await self.link.close()  # the remote run is left alone
+
+    # -- state --------------------------------------------------------------------------
+    def feed(self, event: dict[str, Any]) -> None:
+        self.store.apply(event)
+
+    def redraw(self, force: bool = False) -> None:
+        s = self.store
+        if not force and s.version == self._drawn_version:
+            # Nothing new, but ages (heartbeat, time in phase) still move.
+            self.query_one(StatusBar).update_from(s)
+            self.query_one(HeartbeatPane).update_from(s)
+            return
+        self._drawn_version = s.version
+        self.query_one(StatusBar).update_from(s)
+        self.query_one(GpuPane).update_from(s)
+        self.query_one(HeartbeatPane).update_from(s)
+        self.query_one(QueuePane).update_from(s)
+        self.query_one(StepLog).update_from(s)
+        self.query_one(AlertsPane).update_findings(diagnose(s, self.clock()))
+        self.query_one(Plots).update_from(s)
+        log = self.query_one(StepLog)
+        title = "Step log" + ("" if log.following else "  [paused: f to follow]")
+        if log.pattern:
+            title += f"  [filter: {log.pattern}]"
+        self.query_one("#log-title", Static).update(title)
+
+    # -- control ------------------------------------------------------------------------
+    def _control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        if self._busy is not None:
+            self.notify(f"{self._busy} is still running: wait for it", severity="warning")
+            return
+        if self.link is None:
+            self.notify("not connected", severity="error")
+            return
+        self._busy = name
+        self._run_control(name, run)
+
+    @work(exclusive=False, group="control")
+    async def _run_control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await run()
+        except LinkError as e:
+            self.notify(f"{name}: {e}", severity="error", timeout=12)
+        finally:
+            self._busy = None
+
+    def _progress(self, event: dict[str, Any]) -> None:
+        self.notify(str(event.get("message")), title=self._busy or "", timeout=6)
+
+    async def _confirm(self, question: str) -> bool:
+        screen: Any = ConfirmScreen(question)
+        return bool(await self.push_screen_wait(screen))
+
+    def action_kill(self) -> None:
+        async def run() -> None:
+            if not await self._confirm(
+                f"Kill run {self.store.alive_run or '?'}? "
+                "(SIGTERM its process group, SIGKILL after 60 s)"
+            ):
+                return
+            r = await self.link.request(
+                {"cmd": "kill", "timeout_s": 60, "drain_timeout_s": 120},
+                timeout=220,
+                on_progress=self._progress,
+            )
+            drain = (
+                f", GPU memory released in {r['drain_s']:.1f}s"
+                if r.get("drain_s") is not None
+                else ""
+            )
+            self.notify(
+                f"killed {r['run_id']} with {r['signal']} in {r['stop_s']:.1f}s{drain}",
+                title="kill",
+                timeout=10,
+            )
+
+        self._control("kill", run)
+
+    def action_restart(self) -> None:
+        async def run() -> None:
+            if not await self._confirm(
+                f"Restart run {self.store.run_id}? (kill, wait for GPU "
+                "memory, launch the same config in a new run dir)"
+            ):
+                return
+            r = await self.link.request(
+                {
+                    "cmd": "restart",
+                    "run_id": self.store.run_id,
+                    "timeout_s": 60,
+                    "drain_timeout_s": 120,
+                },
+                timeout=400,
+                on_progress=self._progress,
+            )
+            self.notify(f"restarted as {r['launched']['run_id']}", title="restart", timeout=10)
+
+        self._control("restart", run)
+
+    def action_dump_stacks(self) -> None:
+        async def run() -> None:
+            r = await self.link.request({"cmd": "dump_stacks", "pyspy": True}, timeout=60)
+            text = r["text"] + (
+                ("\n# py-spy dump --native\n" + r["pyspy"]) if r.get("pyspy") else ""
+            )
+            await self.push_screen(TextScreen(f"Stacks of pid {r['pid']} — {r['path']}", text))
+
+        self._control("dump stacks", run)
+
+    def action_clear_cache(self) -> None:
+        async def run() -> None:
+            if not await self._confirm("Delete the compile cache? The next start recompiles."):
+                return
+            r = await self.link.request({"cmd": "clear_compile_cache"}, timeout=120)
+            self.notify(
+                f"removed {r['path']} ({r['bytes'] / 1e6:.1f} MB)"
+                if r["existed"]
+                else f"no compile cache at {r['path']}",
+                title="clear cache",
+            )
+
+        self._control("clear cache", run)
+
+    def action_runs(self) -> None:
+        def chosen(run_id: str | None) -> None:
+            if run_id and self.link is not None:
+                self.link.follow_target = run_id
+                self._control("follow", lambda: self._follow(run_id))
+
+        self.push_screen(RunsScreen(self.store.runs, self.store.run_id), chosen)
+
+    async def _follow(self, run_id: str) -> None:
+        await self.link.request({"cmd": "follow", "run_id": run_id}, timeout=30)
+
+    def action_filter(self) -> None:
+        log = self.query_one(StepLog)
+
+        def done(pattern: str | None) -> None:
+            if pattern is not None:
+                log.set_filter(pattern, self.store)
+                self.redraw(force=True)
+
+        self.push_screen(FilterScreen(log.pattern), done)
+
+    def action_follow(self) -> None:
+        following = self.query_one(StepLog).toggle_follow(self.store)
+        self.notify("following the log" if following else "log paused", timeout=3)
+        self.redraw(force=True)
+
+    def action_next_theme(self) -> None:
+        names = sorted(self.theme_specs)
+        if not names:
+            return
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
+        themes.remember_theme(self.theme)
+        self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+
+async def run_app(target: Target, args: argparse.Namespace) -> int:
+    theme = getattr(args, "theme", None)
+    if theme and theme not in themes.available_themes():
+        known = ", ".join(sorted(themes.available_themes()))
+        raise themes.ThemeError(f"--theme {theme!r}: no such theme (known: {known})")
+    app = DFlashApp(target, theme_name=theme)
+    await app.run_async()
+    return 0

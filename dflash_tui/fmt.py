@@ -1,0 +1,45 @@
+"""Small text formatters shared by the headless view and the TUI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def rate(tok_s: Any) -> str:
+    if not isinstance(tok_s, int | float):
+        return "? tok/s"
+    return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
+
+
+def gib(n: Any) -> str:
+    return f"{(n or 0) / (1 << 30):.1f}G"
+
+
+def spark(values: list[float], width: int, top: float | None = None) -> str:
+    """The last `width` values as block characters, scaled to `top` (or their max)."""
+    values = values[-width:]
+    if not values:
+        return ""
+    peak = top if top else max(values) or 1.0
+    return "".join(BARS[min(7, max(0, int(v / peak * 7.999)))] for v in values)
+
+
+def bar(fraction: float, width: int) -> str:
+    """A horizontal bar of `width` cells, eighths resolution."""
+    fraction = min(1.0, max(0.0, fraction))
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[part] if part else ""
+    return ("█" * full + partial).ljust(width)

@@ -1,0 +1,1 @@
+"""Textual widgets of the dflash-tui screen. Each renders one part of the Store."""

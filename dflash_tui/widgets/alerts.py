@@ -1,0 +1,30 @@
+"""Alerts: the diagnosis findings, each with its evidence and what to do."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from dflash_tui.diagnosis import Finding
+
+STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
+
+
+class AlertsPane(Static):
+    DEFAULT_CSS = """
+    AlertsPane { height: auto; padding: 0 1; }
+    """
+
+    def update_findings(self, findings: list[Finding]) -> None:
+        if not findings:
+            self.update(Text("✓ nothing wrong that I can see", style="green"))
+            return
+        parts = []
+        for f in findings:
+            parts.append(
+                Text.assemble((f"● {f.severity}: ", STYLE.get(f.severity, "")), (f.title, "bold"))
+            )
+            parts.append(Text(f"   {f.evidence}", style="dim"))
+            parts.append(Text(f"   → {f.action}", style="italic"))
+        self.update(Group(*parts))

@@ -1,0 +1,43 @@
+"""The top bar: target, connection and round trip, run id, phase and time in it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from dflash_tui.fmt import duration
+from dflash_tui.state import Store
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = """
+    StatusBar { height: 1; background: $panel; color: $foreground; padding: 0 1; }
+    """
+
+    def update_from(self, s: Store) -> None:
+        t = Text()
+        t.append(" dflash-tui ", style="bold reverse")
+        t.append(f"  {s.target}  ", style="bold")
+        link = s.link.state
+        colour = {
+            "connected": "green",
+            "reconnecting": "yellow",
+            "connecting": "yellow",
+            "refused": "red",
+        }.get(link, "white")
+        t.append(f"● {link}", style=f"bold {colour}")
+        if s.link.rtt_ms is not None and link == "connected":
+            t.append(f" {s.link.rtt_ms:.0f}ms", style="dim")
+        if link == "reconnecting" and s.link.retry_in:
+            t.append(f" (retry in {s.link.retry_in:.1f}s)", style="yellow")
+        t.append("   run ")
+        t.append(s.run_id or "—", style="bold")
+        phase, age = s.phase()
+        if phase:
+            style = {"training": "bold green", "crashed": "bold red", "finished": "cyan"}.get(
+                phase, "bold yellow"
+            )
+            t.append("   ")
+            t.append(f" {phase} ", style=f"reverse {style}")
+            t.append(f" {duration(age)}")
+        self.update(t)

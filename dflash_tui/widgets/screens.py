@@ -1,0 +1,164 @@
+"""Modal screens: confirm, a scrollable text (stack dumps), help, the filter, the runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen, Screen
+from textual.widgets import DataTable, Footer, Input, Label, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical { width: 90; height: auto; border: thick $warning;
+                               background: $surface; padding: 1 2; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            yield Static(Text("\ny = yes    n / esc = no", style="dim"))
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class TextScreen(Screen[None]):
+    """A full screen of text (a stack dump), scrollable; escape or q goes back."""
+
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
+    DEFAULT_CSS = """
+    TextScreen VerticalScroll { padding: 0 1; }
+    TextScreen #title { background: $panel; padding: 0 1; text-style: bold; }
+    """
+
+    def __init__(self, title: str, text: str) -> None:
+        super().__init__()
+        self.title_text, self.body = title, text
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title_text, id="title")
+        with VerticalScroll():
+            yield Static(Text(self.body), id="body")
+        yield Footer()
+
+
+HELP = """\
+r   restart the run (kill, wait for GPU memory, launch the same config)   asks first
+k   kill the run (SIGTERM its process group, then SIGKILL), shows the drain   asks first
+d   dump every thread's stack (SIGUSR1; py-spy too where installed)
+c   clear the compile cache (refused while a run is alive)   asks first
+l   choose a run (Enter on a row); the latest run is followed by default
+/   filter the step log (empty filter = all lines)
+f   follow / pause the step log
+t   next theme (dark, light, high-contrast, …); remembered
+?   this help
+q   quit: the remote run is left alone
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: 90; height: auto; border: thick $primary;
+                          background: $surface; padding: 1 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("dflash-tui keys\n\n", style="bold") + Text(HELP))
+
+
+class FilterScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+    DEFAULT_CSS = """
+    FilterScreen { align: center bottom; }
+    FilterScreen Input { width: 80; margin-bottom: 3; }
+    """
+
+    def __init__(self, current: str) -> None:
+        super().__init__()
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        yield Input(value=self.current, placeholder="filter the step log (Enter)", id="filter")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class RunsScreen(ModalScreen[str | None]):
+    """Runs under the run root, with how each ended; Enter picks one to show."""
+
+    BINDINGS = [Binding("escape,q", "cancel", "back"), Binding("a", "latest", "follow latest")]
+    DEFAULT_CSS = """
+    RunsScreen { align: center middle; }
+    RunsScreen > Vertical { width: 140; height: 80%; border: thick $primary;
+                            background: $surface; }
+    RunsScreen DataTable { height: 1fr; }
+    """
+
+    def __init__(self, runs: list[dict[str, Any]], current: str | None) -> None:
+        super().__init__()
+        self.runs, self.current = runs, current
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(
+                Text(
+                    " Runs — Enter: show this run · a: follow the latest · esc: back", style="bold"
+                )
+            )
+            yield DataTable(cursor_type="row", id="runs")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("run id", "ended", "phase", "steps", "best tok/s", "error")
+        for r in reversed(self.runs):
+            ex = r.get("exit") or {}
+            if r.get("alive"):
+                ended = Text("alive", style="green")
+            elif ex.get("signal"):
+                ended = Text(f"signal {ex['signal']}", style="yellow")
+            elif ex:
+                code = ex.get("exit_code")
+                ended = Text(f"exit {code}", style="green" if code == 0 else "red")
+            else:
+                ended = Text("unknown", style="dim")
+            best = r.get("best_tok_s")
+            table.add_row(
+                r["run_id"],
+                ended,
+                str(r.get("phase") or "—"),
+                str(r.get("steps") or 0),
+                f"{best:,.0f}" if best else "—",
+                str(r.get("error") or "")[:50],
+                key=r["run_id"],
+            )
+        if self.current:
+            for i, r in enumerate(reversed(self.runs)):
+                if r["run_id"] == self.current:
+                    table.move_cursor(row=i)
+        table.focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(str(event.row_key.value))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_latest(self) -> None:
+        self.dismiss("latest")

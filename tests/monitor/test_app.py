@@ -1,0 +1,269 @@
+"""The TUI under Pilot: panes updating from a scripted event stream, and every key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from app_scenarios import NOW, RUN, alert_state, healthy, step_line
+from rich.console import Console
+
+from dflash_tui.app import DFlashApp
+from dflash_tui.targets import Target
+from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.gpus import GpuPane
+from dflash_tui.widgets.header import StatusBar
+from dflash_tui.widgets.heartbeat import HeartbeatPane
+from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.screens import HelpScreen, RunsScreen
+from dflash_tui.widgets.steplog import StepLog
+
+SIZE = (160, 48)
+TARGET = Target(name="gpu-box", kind="ssh", host="gpu-box")
+
+
+@pytest.fixture(autouse=True)
+def own_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+
+def plain(widget, width: int = 158) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(widget.content)
+    return console.export_text()
+
+
+def log_text(log: StepLog) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in log.lines)
+
+
+def scripted_app(theme: str = "dark") -> DFlashApp:
+    return DFlashApp(TARGET, theme_name=theme, connect=False, clock=lambda: NOW)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_every_pane_updates_from_the_event_stream():
+    async def go():
+        app = scripted_app()
+        async with app.run_test(size=SIZE) as pilot:
+            assert "waiting for GPU" in plain(app.query_one(GpuPane))
+            events = healthy()
+            half = len(events) // 2
+            for e in events[:half]:
+                app.feed(e)
+            await pilot.pause(0.4)
+            assert "connected" in plain(app.query_one(StatusBar))
+            for e in events[half:]:
+                app.feed(e)
+            await pilot.pause(0.4)
+            status = plain(app.query_one(StatusBar))
+            assert RUN in status and "training  7h49m" in status and "12ms" in status
+            gpus = plain(app.query_one(GpuPane))
+            assert gpus.count("target") == 5 and gpus.count("drafter") == 3
+            assert "G/140.4G" in gpus and "95%" in gpus
+            hb = plain(app.query_one(HeartbeatPane))
+            assert "training for 7h49m" in hb and "running = deployed" in hb
+            assert "nloj6lfc" in hb and "step 876" in hb and "14.2K tok/s" in hb
+            queues = plain(app.query_one(QueuePane))
+            assert "q_pre[4]" in queues and "50/64" in queues and "q_hs[0]" in queues
+            log = log_text(app.query_one(StepLog))
+            assert "step=876" in log and "step=798" in log
+            assert "nothing wrong" in plain(app.query_one(AlertsPane))
+
+            for e in alert_state()[len(events) :]:
+                app.feed(e)
+            await pilot.pause(0.4)
+            alerts = plain(app.query_one(AlertsPane))
+            assert "critical" in alerts and "illegal memory access" in alerts
+            assert "crashed" in plain(app.query_one(StatusBar))
+
+    run(go())
+
+
+def test_help_filter_follow_theme_and_runs_keys(tmp_path):
+    async def go():
+        app = scripted_app()
+        async with app.run_test(size=SIZE) as pilot:
+            for e in healthy():
+                app.feed(e)
+            await pilot.pause(0.3)
+            log = app.query_one(StepLog)
+
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            assert not isinstance(app.screen, HelpScreen)
+
+            await pilot.press("slash")
+            await pilot.press(*"step=870")
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert log.pattern == "step=870"
+            shown = [ln for ln in log_text(log).splitlines() if ln.strip()]
+            assert len(shown) == 1 and "step=870 " in shown[0]
+            await pilot.press("slash", "ctrl+a", "ctrl+k", "enter")  # an empty filter
+            await pilot.pause(0.2)
+            assert log.pattern == "" and "step=876" in log_text(log)
+
+            await pilot.press("f")  # pause: new lines wait
+            assert log.following is False
+            app.feed(
+                {
+                    "type": "line",
+                    "t": NOW,
+                    "run_id": RUN,
+                    "file": "train.log",
+                    "offset": 0,
+                    "end": 0,
+                    "text": step_line(878, 1.3, 15000, 479),
+                }
+            )
+            await pilot.pause(0.4)
+            assert "step=878" not in log_text(log)
+            await pilot.press("f")
+            await pilot.pause(0.4)
+            assert "step=878" in log_text(log)
+
+            assert app.theme == "dark"
+            await pilot.press("t")
+            assert app.theme == "high-contrast"
+            await pilot.press("t")
+            assert app.theme == "light"
+            saved = json.loads((tmp_path / "config" / "dflash-tui" / "settings.json").read_text())
+            assert saved["theme"] == "light"
+
+            await pilot.press("l")
+            assert isinstance(app.screen, RunsScreen)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            await pilot.press("enter")  # Enter opens the runs too
+            assert isinstance(app.screen, RunsScreen)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            await pilot.press("q")
+        assert app.return_code in (0, None)
+
+    run(go())
+
+
+def test_a_remembered_theme_is_used_next_time():
+    from dflash_tui.themes import remember_theme
+
+    remember_theme("high-contrast")
+    app = DFlashApp(TARGET, connect=False, clock=lambda: NOW)
+    assert app.theme == "high-contrast"
+
+
+# -- the control keys, against a real agent and a real trainer -----------------------
+
+
+@pytest.fixture
+def live_remote(tmp_path):
+    """A local remote dir with the trainer deployed and a tiny run alive."""
+    from monitor_helpers import NO_WANDB, TINY, Remote
+    from test_control_local import deploy
+
+    target = Target(
+        name="local", kind="local", remote_dir=str(tmp_path / "remote"), python=sys.executable
+    )
+    r = Remote(target)
+    deploy(r)
+    run_id = r.request(
+        {
+            "cmd": "launch",
+            "config_toml": TINY.read_text(),
+            "name": "tiny-cpu",
+            "overrides": [NO_WANDB, "train.max_steps=100000"],
+        }
+    )["run_id"]
+    r.wait(lambda s: s.heartbeat and s.heartbeat.get("phase") == "training", 90, "training")
+    yield target, run_id, r
+    with contextlib.suppress(Exception):
+        r.request({"cmd": "kill", "timeout_s": 10, "drain_timeout_s": 5}, timeout=40)
+    r.close()
+
+
+def test_control_keys_drive_the_real_run(live_remote):
+    target, run_id, _r = live_remote
+
+    async def go():
+        app = DFlashApp(target, theme_name="dark")
+        async with app.run_test(size=SIZE) as pilot:
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if app.store.heartbeat and app.store.heartbeat.get("phase") == "training":
+                    break
+            assert app.store.run_id == run_id
+
+            # d: the dump opens in a scrollable screen
+            await pilot.press("d")
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if app.screen.__class__.__name__ == "TextScreen":
+                    break
+            body = plain(app.screen.query_one("#body"))
+            assert 'Thread "drafter-0"' in body
+            await pilot.press("escape")
+
+            # c: refused while the run is alive, after confirming
+            await pilot.press("c")
+            await pilot.press("y")
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if app._busy is None:
+                    break
+            assert any("is alive" in n.message for n in app._notifications)
+
+            # k, answered no: nothing happens
+            await pilot.press("k")
+            await pilot.press("n")
+            await pilot.pause(0.5)
+            assert app.store.process_alive() is True
+
+            # k twice: one kill only, the second press is told to wait
+            await pilot.press("k")
+            await pilot.press("y")
+            await pilot.pause(0.05)
+            await pilot.press("k")
+            assert any("still running" in n.message for n in app._notifications)
+            for _ in range(300):
+                await pilot.pause(0.1)
+                if app._busy is None:
+                    break
+            killed = [n.message for n in app._notifications if n.message.startswith("killed")]
+            assert len(killed) == 1 and run_id in killed[0]
+            for _ in range(50):  # liveness is re-checked every second
+                await pilot.pause(0.1)
+                if app.store.process_alive() is False:
+                    break
+            assert app.store.process_alive() is False
+
+            # r: restart into a new run dir, which the app then follows
+            await pilot.press("r")
+            await pilot.press("y")
+            for _ in range(600):
+                await pilot.pause(0.1)
+                if app._busy is None:
+                    break
+            restarted = [n.message for n in app._notifications if "restarted as" in n.message]
+            assert restarted, [n.message for n in app._notifications]
+            new_id = restarted[0].split("restarted as ")[1]
+            for _ in range(300):
+                await pilot.pause(0.1)
+                if app.store.run_id == new_id and app.store.step_lines:
+                    break
+            assert app.store.run_id == new_id and app.store.step_lines
+
+            await pilot.press("q")
+        # q leaves the remote run alone
+        assert not (Path(target.remote_dir) / "runs" / new_id / "exit.json").exists()
+
+    run(go())
