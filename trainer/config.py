@@ -84,6 +84,8 @@ class TrainConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     # "auto": flex on CUDA, sdpa on CPU (flex has no CPU backward).
     attention: str = "auto"
+    # torch.compile each drafter layer on CUDA (fused norms, RoPE, SwiGLU; flex inlined).
+    compile_drafter: bool = True
 
 
 @dataclass

@@ -35,7 +35,7 @@ from trainer.memory import device_memory
 from trainer.optim import lr_at, noise_at, set_lr
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
-from trainer.step import BlockBatch, batch_seed, drafter_loss, prepare_blocks
+from trainer.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
 from trainer.steplog import RunLog, StepRecord
 from trainer.transfer import send, wait_ready
 
@@ -204,9 +204,10 @@ class Pipeline:
             dst = self.run.drafter_devices[r]
             self.state.thread_state("copy to drafter")
             moved, ready = send([features], dst)
-            item = FeatureItem(
-                g=g, blocks=on_dev.to(dst, non_blocking=True), features=moved[0], ready=ready
-            )
+            blocks_dst = on_dev.to(dst, non_blocking=True)
+            self.state.thread_state("building mask")
+            attach_mask(blocks_dst, self.run.settings.backend, self.run.settings.block_size)
+            item = FeatureItem(g=g, blocks=blocks_dst, features=moved[0], ready=ready)
             with self._count_lock:
                 self._target_batches += 1
             self._put(self.q_hs[t][r], item, "waiting: q_hs full")

@@ -47,6 +47,17 @@ def resolve_device(name: str, key: str) -> torch.device:
     return dev
 
 
+def compile_layers(model: DFlashDrafter) -> None:
+    """Compile each decoder layer in place (state_dict keys unchanged) on CUDA devices.
+
+    All layers share one graph per shape bucket; the warm-up compiles them on one thread
+    before any worker starts."""
+    if model.embed_weight.device.type != "cuda":
+        return
+    for layer in model.layers:
+        layer.compile(dynamic=False)
+
+
 def drafter_arch(cfg: Config, info: TargetInfo, layer_ids: list[int], mask_id: int) -> DrafterArch:
     d = cfg.drafter
     return DrafterArch(
@@ -148,6 +159,9 @@ def build_run(
     embed, head = embed_for[drafter_devices[0]]
     primary = DFlashDrafter(arch, embed, head).to(drafter_devices[0])
     replicas = DrafterReplicas(primary, drafter_devices, embed_for)
+    if cfg.train.compile_drafter:
+        for model in replicas.models:
+            compile_layers(model)
     progress(len(distinct) + len(drafter_devices))
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
     per_step = len(drafter_devices)

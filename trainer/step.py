@@ -11,6 +11,7 @@ the tests run exactly the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,6 +36,8 @@ class BlockBatch:
     anchors: Tensor  # int64 [B, N]
     keep: Tensor  # bool [B, N]
     epoch: int
+    tokens: int = 0  # real (unpadded) tokens, counted on the CPU: reading it never syncs
+    mask: Any = None  # the attention mask, built ahead by the target thread when set
 
     def to(self, device: torch.device, non_blocking: bool = False) -> BlockBatch:
         b = self.batch
@@ -49,12 +52,13 @@ class BlockBatch:
             anchors=self.anchors.to(device, non_blocking=non_blocking),
             keep=self.keep.to(device, non_blocking=non_blocking),
             epoch=self.epoch,
+            tokens=self.tokens,
+            mask=self.mask,
         )
 
     @property
     def num_tokens(self) -> int:
-        """Real (unpadded) tokens in the batch; host-side, no device sync (lengths are CPU)."""
-        return int(self.batch.lengths.sum())
+        return self.tokens
 
 
 def batch_seed(seed: int, epoch: int, index: int) -> int:
@@ -65,7 +69,15 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 def prepare_blocks(batch: Batch, num_anchors: int, seed: int, epoch: int) -> BlockBatch:
     gen = torch.Generator().manual_seed(batch_seed(seed, epoch, batch.index))
     anchors, keep = sample_anchors(batch.loss_mask, batch.lengths, num_anchors, gen)
-    return BlockBatch(batch=batch, anchors=anchors, keep=keep, epoch=epoch)
+    tokens = int(batch.lengths.sum())
+    return BlockBatch(batch=batch, anchors=anchors, keep=keep, epoch=epoch, tokens=tokens)
+
+
+def attach_mask(blocks: BlockBatch, backend: str, block_size: int) -> BlockBatch:
+    """Build the attention mask now (in the target thread), off the drafter's critical path."""
+    ctx_len = blocks.batch.input_ids.shape[1]
+    blocks.mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, block_size)
+    return blocks
 
 
 @dataclass
@@ -96,7 +108,9 @@ def drafter_hidden(
         features = features + noise_std * noise
     context = drafter.fuse_context(features)
     ctx_len = b.input_ids.shape[1]
-    mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, bs)
+    mask = blocks.mask
+    if mask is None:
+        mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, bs)
     ids = block_token_ids(b.input_ids, blocks.anchors, bs, drafter.arch.mask_token_id)
     pos = block_positions(blocks.anchors, bs)
     return drafter(ids, pos, context, mask)

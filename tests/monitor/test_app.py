@@ -68,7 +68,7 @@ def test_every_pane_updates_from_the_event_stream():
             assert RUN in status and "training  7h49m" in status and "12ms" in status
             gpus = plain(app.query_one(GpuPane))
             assert gpus.count("target") == 5 and gpus.count("drafter") == 3
-            assert "G/140.4G" in gpus and "95%" in gpus
+            assert "/140G" in gpus and "95%" in gpus
             hb = plain(app.query_one(HeartbeatPane))
             assert "training for 7h49m" in hb and "running = deployed" in hb
             assert "nloj6lfc" in hb and "step 876" in hb and "14.2K tok/s" in hb
