@@ -469,6 +469,7 @@ def section_pipeline(
             torch.cuda.set_sync_debug_mode(0)
 
     pipe._optimizer_step = counting_step  # type: ignore[method-assign]
+    torch._logging.set_logs(recompiles=True)  # any recompile says why, in the output
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
@@ -502,9 +503,12 @@ def section_pipeline(
         "0",
     )
     row("single-thread warm-up (compile) in this process", f"{warm:.1f} s")
-    for w in caught[:3]:
-        if "synchroniz" in str(w.message).lower():
-            print("   sync:", str(w.message)[:300], flush=True)
+    where = sorted(
+        {f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()}
+    )
+    RESULTS["host_sync_sites"] = where
+    for site in where[:8]:
+        print("   host sync at", site, flush=True)
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ import torch
 from trainer.data import Batch
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
-from trainer.step import drafter_loss, prepare_blocks
+from trainer.step import attach_mask, drafter_loss, prepare_blocks
 
 
 def graphs_compiled() -> int:
@@ -57,6 +57,8 @@ def warm_up(run: RunSetup, state: RunState) -> float:
                 index=0,
             )
             blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
+            # As the target thread does it: outside autocast, so the same graph serves both.
+            attach_mask(blocks, run.settings.backend, run.settings.block_size)
             features = torch.randn(B, S, n_feat, generator=gen).to(dev, feat_dtype)
             with autocast_for(dev):
                 out = drafter_loss(model, blocks, features, run.settings)

@@ -42,3 +42,23 @@ def test_flex_and_sdpa_agree_forward_and_backward(dtype):
     for a, b in zip(outs["flex"], outs["sdpa"], strict=True):
         assert not a.isnan().any()
         torch.testing.assert_close(a.float(), b.float(), **tol)
+
+
+@cuda
+def test_compiled_chunk_loss_equals_the_plain_loss_on_gpu():
+    from trainer.loss import dflash_loss
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    V, H, bs = 32000, 256, 16
+    hidden = torch.randn(1, 64 * bs, H, generator=g, device="cuda", requires_grad=True)
+    W = (torch.randn(V, H, generator=g, device="cuda") * 0.05).to(torch.bfloat16)
+    labels = torch.randint(0, V, (1, 64 * bs), generator=g, device="cuda")
+    weights = torch.rand(1, 64 * bs, generator=g, device="cuda")
+    out = dflash_loss(hidden, W, labels, weights, bs, 16, impl="fused")
+    (g_fused,) = torch.autograd.grad(out.loss, hidden)
+    logits = (hidden.to(torch.bfloat16) @ W.t()).float().view(-1, V)
+    ce = torch.nn.functional.cross_entropy(logits, labels.view(-1), reduction="none")
+    ref = (ce * weights.view(-1)).sum() / weights.sum()
+    (g_ref,) = torch.autograd.grad(ref, hidden)
+    torch.testing.assert_close(out.loss, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(g_fused, g_ref, rtol=2e-2, atol=1e-4)
