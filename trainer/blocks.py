@@ -84,8 +84,9 @@ def block_labels_and_weights(
     idx = pos.clamp(max=S - 1).flatten(1)
     labels = torch.where(in_seq.flatten(1), input_ids.gather(1, idx), 0)
     k = torch.arange(block_size, device=anchors.device, dtype=torch.float32)
-    decay = torch.exp(-(k - 1) / gamma)
-    decay[0] = 0.0
+    # Position 0 (the anchor itself) has no loss. Masked by multiplication: `decay[0] = 0`
+    # would copy a host scalar to the GPU, a host sync on every step.
+    decay = torch.exp(-(k - 1) / gamma) * (k > 0)
     w = loss_mask.float().gather(1, idx).view(B, -1, block_size)
     w = w * in_seq * keep[:, :, None].float() * decay
     return labels, w.flatten(1)

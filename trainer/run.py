@@ -202,6 +202,9 @@ class Run:
         warmup_s = warm_up(setup, self.state)
         self.graphs_after_warmup = graphs_compiled()
         self.state.compile.update(warmup_s=warmup_s, graphs=self.graphs_after_warmup)
+        if setup.loader is not None and setup.loader.is_alive():
+            self.state.set_phase("loading_target")  # compiled first: now wait for the weights
+        setup.finish_loading()
         self.log.line(
             f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "
             f"{graphs_compiled()} graph(s) compiled"

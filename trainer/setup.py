@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,39 @@ from trainer.target import (
     resolve_dtype,
 )
 from trainer.tiny_target import resolve_target_path
+
+
+class TargetLoader(threading.Thread):
+    """Loads one target copy per distinct target device, off the main thread."""
+
+    def __init__(
+        self,
+        path: Path,
+        layer_ids: list[int],
+        devices: list[torch.device],
+        dtype_name: str,
+        progress: Callable[[int], None],
+    ) -> None:
+        super().__init__(name="target-loader", daemon=True)
+        self.path, self.layer_ids, self.devices = path, layer_ids, devices
+        self.dtype_name, self.progress = dtype_name, progress
+        self._targets: dict[torch.device, LoadedTarget] = {}
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for i, dev in enumerate(self.devices):
+                dtype = resolve_dtype(self.dtype_name, dev)
+                self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
+                self.progress(i + 1)
+        except BaseException as e:  # re-raised on the main thread by result()
+            self._error = e
+
+    def result(self) -> dict[torch.device, LoadedTarget]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._targets
 
 
 def resolve_device(name: str, key: str) -> torch.device:
@@ -103,6 +137,24 @@ class RunSetup:
     batches_per_epoch: int
     total_steps: int
     settings: LossSettings
+    loader: Any = None  # TargetLoader until finish_loading()
+
+    def finish_loading(self) -> None:
+        """Wait for the target; give every drafter replica its real embedding and head."""
+        if self.loader is None:
+            return
+        self.targets = self.loader.result()
+        self.loader = None
+        first = self.targets[self.target_devices[0]]
+        for model in self.replicas.models:
+            dev = model.embed_weight.device
+            source = self.targets.get(dev, first)
+            tied = model.lm_head_weight is model.embed_weight
+            with torch.no_grad():
+                # Same shape, dtype and device as the placeholders: compiled code stays valid.
+                model.embed_weight.data = source.embed_weight.to(dev)
+                if not tied:
+                    model.lm_head_weight.data = source.lm_head_weight.to(dev)
 
     @property
     def devices(self) -> list[torch.device]:
@@ -136,33 +188,26 @@ def build_run(
     )
     per_epoch = batches_per_epoch(samples, cfg.data.seq_buckets, cfg.train.batch_size)
 
-    distinct = list(dict.fromkeys(target_devices))
-    phase("loading_target", total=len(distinct) + len(drafter_devices), unit="models")
-    targets: dict[torch.device, LoadedTarget] = {}
-    for i, dev in enumerate(distinct):
-        dtype = resolve_dtype(cfg.target.dtype, dev)
-        targets[dev] = load_target(target_path, layer_ids, dtype, dev)
-        progress(i + 1)
-    first = targets[distinct[0]]
-    # The frozen embedding/head each drafter device uses: the target's own when they share a
-    # device, else one copy per device.
-    embed_for: dict[torch.device, tuple[Tensor, Tensor]] = {}
-    for dev in drafter_devices:
-        if dev in targets:
-            embed_for[dev] = (targets[dev].embed_weight, targets[dev].lm_head_weight)
-        elif dev not in embed_for:
-            embed = first.embed_weight.to(dev)
-            tied = first.lm_head_weight.data_ptr() == first.embed_weight.data_ptr()
-            embed_for[dev] = (embed, embed if tied else first.lm_head_weight.to(dev))
-    arch = drafter_arch(cfg, first.info, layer_ids, mask_id)
+    # The drafters first, on placeholder embedding/head tensors of the target's shape:
+    # compiling needs shapes, not weights, so the target loads on a thread meanwhile and
+    # `finish_loading` puts its real (frozen, shared) weights in place.
+    arch = drafter_arch(cfg, info, layer_ids, mask_id)
     torch.manual_seed(cfg.train.seed)
-    embed, head = embed_for[drafter_devices[0]]
-    primary = DFlashDrafter(arch, embed, head).to(drafter_devices[0])
-    replicas = DrafterReplicas(primary, drafter_devices, embed_for)
+    placeholders: dict[torch.device, tuple[Tensor, Tensor]] = {}
+    for dev in dict.fromkeys(drafter_devices):
+        dtype = resolve_dtype(cfg.target.dtype, dev)
+        embed = torch.empty(info.vocab_size, info.hidden_size, dtype=dtype, device=dev)
+        head = embed if info.tied_embeddings else torch.empty_like(embed)
+        placeholders[dev] = (embed, head)
+    primary = DFlashDrafter(arch, *placeholders[drafter_devices[0]]).to(drafter_devices[0])
+    replicas = DrafterReplicas(primary, drafter_devices, placeholders)
     if cfg.train.compile_drafter:
         for model in replicas.models:
             compile_layers(model)
-    progress(len(distinct) + len(drafter_devices))
+    distinct = list(dict.fromkeys(target_devices))
+    phase("loading_target", total=len(distinct), unit="target copies")
+    loader = TargetLoader(target_path, layer_ids, distinct, cfg.target.dtype, progress)
+    loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
     per_step = len(drafter_devices)
     total = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch / per_step))
@@ -171,7 +216,8 @@ def build_run(
         target_devices=target_devices,
         drafter_devices=drafter_devices,
         target_path=target_path,
-        targets=targets,
+        targets={},
+        loader=loader,
         tokenizer=tokenizer,
         arch=arch,
         replicas=replicas,

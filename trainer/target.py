@@ -8,8 +8,6 @@ largest single matmul) all of it: the target's own logits are never computed.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,10 +55,18 @@ class TargetInfo:
     vocab_size: int
     rms_norm_eps: float
     rope_theta: float
+    tied_embeddings: bool = False
 
 
 class TargetFeatures(nn.Module):
-    """Runs the truncated target and returns the chosen layers' outputs, concatenated."""
+    """Runs the truncated target and returns the chosen layers' outputs, concatenated.
+
+    The decoder layers are called directly (embedding, rotary, layers): no attention mask
+    and no packed-sequence check are built, which in HF's forward cost a host sync per
+    batch. Right padding needs no mask: attention is causal and padded positions are never
+    read by a block (anchors lie inside the sequence). A test checks the result against
+    HF's own `output_hidden_states`.
+    """
 
     def __init__(self, base: nn.Module, layer_ids: list[int], full_num_layers: int) -> None:
         super().__init__()
@@ -69,32 +75,28 @@ class TargetFeatures(nn.Module):
         # HF's hidden_states[L] (the very last one) is the *normed* final output; a truncated
         # model would not norm it, so emulate that for an explicitly chosen last layer.
         self.norm_last = full_num_layers - 1 in self.layer_ids
-        # Per thread: target threads sharing one device share one model, and the hooks fire
-        # in whichever thread runs the forward.
-        self._local = threading.local()
-        layers: Any = base.layers
-        for i in self.layer_ids:
-            layers[i].register_forward_hook(self._capture_hook(i))
-
-    def _capture_hook(self, i: int) -> Callable[..., None]:
-        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            self._local.captured[i] = output[0] if isinstance(output, tuple) else output
-
-        return hook
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor) -> Tensor:
-        """int64 [B, S] -> [B, S, n*H]. Right padding needs no mask: attention is causal."""
+        """int64 [B, S] -> [B, S, n*H]."""
+        base: Any = self.base
+        hidden = base.embed_tokens(input_ids)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        rope = base.rotary_emb(hidden, positions)
+        wanted = set(self.layer_ids)
         captured: dict[int, Tensor] = {}
-        self._local.captured = captured
-        self.base(input_ids=input_ids, use_cache=False)
-        self._local.captured = None
+        for i, layer in enumerate(base.layers):
+            out = layer(
+                hidden, attention_mask=None, position_ids=positions, position_embeddings=rope
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+            if i in wanted:
+                captured[i] = hidden
         feats = []
         for i in self.layer_ids:
             h = captured[i]
             if self.norm_last and i == max(self.layer_ids):
-                norm: Any = self.base.norm
-                h = norm(h)
+                h = base.norm(h)
             feats.append(h)
         return torch.cat(feats, dim=-1)
 
@@ -122,6 +124,7 @@ def read_target_info(path: Path) -> TargetInfo:
         vocab_size=c.vocab_size,
         rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(c),
+        tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
     )
 
 

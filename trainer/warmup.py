@@ -47,7 +47,7 @@ def warm_up(run: RunSetup, state: RunState) -> float:
     gen = torch.Generator().manual_seed(0)
     for dev, r in firsts.items():
         model = run.replicas.models[r]
-        feat_dtype = run.targets[run.target_devices[0]].embed_weight.dtype
+        feat_dtype = model.embed_weight.dtype  # the target's dtype on this device
         for S in buckets:
             ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
             batch = Batch(
