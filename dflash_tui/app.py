@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.theme import Theme
@@ -86,6 +86,24 @@ class DFlashApp(App[int]):
                 else (next(iter(self.theme_specs), "textual-dark"))
             )
         self.theme = wanted
+
+    # The same actions as the keys, in the command palette (ctrl+p).
+    PALETTE = (
+        ("Restart the run", "kill, wait for GPU memory, launch the same config (r)", "restart"),
+        ("Kill the run", "SIGTERM its process group, then SIGKILL (k)", "kill"),
+        ("Dump stacks", "every thread's stack, and py-spy where installed (d)", "dump_stacks"),
+        ("Clear the compile cache", "refused while a run is alive (c)", "clear_cache"),
+        ("Choose a run", "the runs under the run root (l)", "runs"),
+        ("Filter the step log", "show only matching lines (/)", "filter"),
+        ("Follow or pause the log", "(f)", "follow"),
+        ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
+        ("Help", "the keys (?)", "help"),
+    )
+
+    def get_system_commands(self, screen: Any) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for title, help_text, action in self.PALETTE:
+            yield SystemCommand(title, help_text, getattr(self, f"action_{action}"))
 
     # -- layout -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:

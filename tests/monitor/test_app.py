@@ -154,6 +154,18 @@ def test_help_filter_follow_theme_and_runs_keys(tmp_path):
     run(go())
 
 
+def test_every_action_is_in_the_command_palette():
+    async def go():
+        app = scripted_app()
+        async with app.run_test(size=SIZE):
+            titles = {c.title for c in app.get_system_commands(app.screen)}
+        bound = {b.action for b in app.BINDINGS} - {"quit"}
+        assert bound == {a for _, _, a in app.PALETTE}
+        assert {"Kill the run", "Restart the run", "Dump stacks", "Next theme"} <= titles
+
+    run(go())
+
+
 def test_a_remembered_theme_is_used_next_time():
     from dflash_tui.themes import remember_theme
 
