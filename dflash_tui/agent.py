@@ -588,7 +588,6 @@ class Agent:
         self.run_id = None
         self.followers = {}
         self.heartbeat = None
-        self.pending_offsets = {}
         self.last_liveness = None
         self.last_liveness_at = 0.0
         self.last_runs = None

@@ -50,7 +50,6 @@ class Store:
         self.run_id: str | None = None
         self.run_dir: str | None = None
         self.heartbeat: dict[str, Any] | None = None
-        self.heartbeat_received: float | None = None  # agent time of the last good one
         self.heartbeat_error: str | None = None
         self.log_lines: deque[str] = deque(maxlen=log_capacity)
         self.log_total = 0  # train.log lines ever received for this run (views count from it)
@@ -63,7 +62,6 @@ class Store:
         self.alive_run: str | None = None
         self.liveness: dict[str, Any] | None = None
         self.notes: deque[tuple[float, str, str]] = deque(maxlen=200)
-        self.lines_received = 0
         self.follow_received = False
 
     # -- time ------------------------------------------------------------------------
@@ -118,7 +116,6 @@ class Store:
         if e.get("run_id") != self.run_id:
             self.run_id = e.get("run_id")
             self.heartbeat = None
-            self.heartbeat_received = None
             self.heartbeat_error = None
             self.log_lines.clear()
             self.log_total = 0
@@ -132,7 +129,6 @@ class Store:
     def _on_heartbeat(self, e: dict[str, Any]) -> None:
         if e.get("run_id") == self.run_id:
             self.heartbeat = e.get("data")
-            self.heartbeat_received = float(e.get("t") or self.clock())
             self.heartbeat_error = None
 
     def _on_heartbeat_error(self, e: dict[str, Any]) -> None:
@@ -141,7 +137,6 @@ class Store:
     def _on_line(self, e: dict[str, Any]) -> None:
         if e.get("run_id") != self.run_id:
             return
-        self.lines_received += 1
         text = str(e.get("text", ""))
         name = e.get("file")
         if name == "train.log":

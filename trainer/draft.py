@@ -34,9 +34,3 @@ def draft_block_logits(drafter: DFlashDrafter, target: TargetFeatures, prefix: T
     positions = anchor + torch.arange(bs)[None]
     hidden = drafter(block.to(prefix.device), positions.to(prefix.device), context, None)
     return drafter.logits(hidden)[0].float()
-
-
-@torch.no_grad()
-def draft_tokens(drafter: DFlashDrafter, target: TargetFeatures, prefix: Tensor) -> list[int]:
-    """Greedy proposals for the bs-1 tokens after the prefix."""
-    return draft_block_logits(drafter, target, prefix)[1:].argmax(dim=-1).tolist()

@@ -82,11 +82,3 @@ class DrafterReplicas:
     def zero_grads(self) -> None:
         for m in self.models:
             m.zero_grad(set_to_none=True)
-
-    def check_identical(self) -> bool:
-        """For tests: every replica holds replica 0's weights."""
-        return all(
-            torch.equal(a.detach().cpu(), b.detach().cpu())
-            for params in self._params[1:]
-            for a, b in zip(self._params[0], params, strict=True)
-        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import time
@@ -32,8 +31,3 @@ def create_run_dir(run_root: Path, name: str) -> Path:
 
 def is_run_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
-
-
-def ensure_writable(run_root: Path) -> None:
-    if run_root.exists() and not os.access(run_root, os.W_OK):
-        raise PermissionError(f"--run-root {run_root}: not writable")
