@@ -20,7 +20,7 @@ from textual.theme import Theme
 from textual.widgets import Footer, Static
 
 from dflash_tui import themes
-from dflash_tui.diagnosis import diagnose
+from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
@@ -78,7 +78,14 @@ class DFlashApp(App[int]):
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
             self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
-        wanted = theme_name or themes.remembered_theme() or themes.DEFAULT_THEME
+        self.diagnosis = config_for(target.extra)
+        saved = target.extra.get("theme")  # a named target's theme, from the user config
+        wanted = (
+            theme_name
+            or (saved if isinstance(saved, str) else None)
+            or themes.remembered_theme()
+            or themes.DEFAULT_THEME
+        )
         if wanted not in self.theme_specs:
             wanted = (
                 themes.DEFAULT_THEME
@@ -159,7 +166,7 @@ class DFlashApp(App[int]):
         self.query_one(HeartbeatPane).update_from(s)
         self.query_one(QueuePane).update_from(s)
         self.query_one(StepLog).update_from(s)
-        self.query_one(AlertsPane).update_findings(diagnose(s, self.clock()))
+        self.query_one(AlertsPane).update_findings(diagnose(s, self.clock(), self.diagnosis))
         self.query_one(Plots).update_from(s)
         log = self.query_one(StepLog)
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from dflash_tui.fmt import duration, rate
@@ -1115,6 +1115,14 @@ def no_step_line_yet(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
             "not training yet: wandb prints at start-up; wait for the phase to end",
         )
     ]
+
+
+def config_for(extra: dict[str, Any]) -> DiagnosisConfig:
+    """The thresholds a named target sets in ~/.config/dflash-tui/config.toml."""
+    baseline = extra.get("baseline_tok_s")
+    if baseline is None:
+        return DEFAULT_CONFIG
+    return replace(DEFAULT_CONFIG, baseline_tok_s=float(baseline))
 
 
 def diagnose(

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from dflash_tui.diagnosis import Finding, diagnose
+from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.link import Link
 from dflash_tui.state import ROLE_LETTER, Store
@@ -133,6 +133,7 @@ class Headless:
         self.as_json = as_json
         self.once = once
         self.store = Store(target.name)
+        self.diagnosis = config_for(target.extra)
         self.color = self.out.isatty() and not os.environ.get("NO_COLOR") and not as_json
         encoding = getattr(self.out, "encoding", "") or ""
         self.unicode = encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32")
@@ -160,8 +161,9 @@ class Headless:
                 + (f" (retry in {event['retry_in']}s)" if event.get("retry_in") else "")
             )
 
-    def snapshot_text(self) -> str:
-        findings = diagnose(self.store)
+    def snapshot_text(self, findings: list[Finding] | None = None) -> str:
+        if findings is None:
+            findings = diagnose(self.store, config=self.diagnosis)
         if self.as_json:
             return json.dumps(
                 {
@@ -200,8 +202,8 @@ class Headless:
         try:
             if self.once:
                 await self._settled(timeout=15.0)
-                findings = diagnose(self.store)
-                self.write(self.snapshot_text())
+                findings = diagnose(self.store, config=self.diagnosis)
+                self.write(self.snapshot_text(findings))
                 if not self.as_json:
                     for f in findings:
                         self.write(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")

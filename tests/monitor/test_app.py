@@ -279,3 +279,8 @@ def test_control_keys_drive_the_real_run(live_remote):
         assert not (Path(target.remote_dir) / "runs" / new_id / "exit.json").exists()
 
     run(go())
+
+
+def test_a_named_targets_theme_is_used():
+    target = Target(name="box", kind="local", extra={"theme": "light"})
+    assert DFlashApp(target, connect=False, clock=lambda: NOW).theme == "light"

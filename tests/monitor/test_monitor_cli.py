@@ -175,3 +175,22 @@ def test_bad_input_is_one_clear_line(args, needle):
     r = cli(*args)
     assert r.returncode in (2, 3)
     assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_named_targets_baseline_reaches_the_diagnosis(tmp_path, running):
+    where, _ = running
+    cfg = tmp_path / "xdg" / "dflash-tui" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(
+        f'[targets.box]\ntarget = "local"\nremote_dir = {json.dumps(where[2])}\n'
+        "baseline_tok_s = 500000.0\n"
+    )
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    deadline = time.monotonic() + 60
+    while True:  # the rule compares the median of the last logged steps
+        r = cli("status", "box", env=env)
+        if r.returncode == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert r.returncode == 1, r.stdout
+    assert "below the 500.0K baseline" in r.stdout
