@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import math
 import os
@@ -369,8 +370,9 @@ def section_target(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
     ids = torch.randint(0, sh.V, (sh.B, sh.S), device=device)
     t = timed(lambda: target(ids), 5, 2, device)
     RESULTS["target_tok_s"] = sh.B * sh.S / t
+    kept = len(target.base.layers)  # type: ignore[arg-type]
     row(
-        f"target forward, truncated to {len(target.base.layers)} of {sh.L} layers",
+        f"target forward, truncated to {kept} of {sh.L} layers",
         f"{t * 1e3:.1f} ms/batch, {sh.B * sh.S / t:,.0f} tok/s",
     )
     return t
@@ -385,15 +387,12 @@ def section_pipeline(
     steps: int,
 ) -> None:
     """The real Pipeline (threads, queues, warm-up) with all roles on this one device."""
-    from trainer.checkpoint import TrainPosition
     from trainer.config import Config
-    from trainer.pipeline import Pipeline
     from trainer.replicas import DrafterReplicas
     from trainer.runstate import RunState
     from trainer.setup import RunSetup
-    from trainer.steplog import RunLog
     from trainer.target import LoadedTarget, TargetInfo
-    from trainer.warmup import graphs_compiled, warm_up
+    from trainer.warmup import warm_up
 
     cfg = Config()
     cfg.data.seq_buckets = [sh.S]
@@ -450,18 +449,58 @@ def section_pipeline(
     t0 = time.perf_counter()
     warm_up(run, state)
     warm = time.perf_counter() - t0
+    row("single-thread warm-up (compile) in this process", f"{warm:.1f} s")
+    RESULTS["warmup_s"] = warm
+    default = cfg.runtime.target_stream  # the trainer's default: it names the headline figure
+    for target_stream in (default, not default):
+        cfg.runtime.target_stream = target_stream
+        name = "target stream" if target_stream else "one stream"
+        res = _run_pipeline(run, state, sh, device, steps, t_drafter + t_target, name)
+        suffix = "" if target_stream == default else "_" + name.replace(" ", "_")
+        RESULTS.update({f"{k}{suffix}": v for k, v in res.items()})
+
+
+class _SyncRecorder:
+    """Host syncs reported by `set_sync_debug_mode("warn")`, each with the stack of the
+    thread that synced (warnings are shown on the thread that raised them)."""
+
+    def __init__(self) -> None:
+        self.sites: list[str] = []
+
+    def __call__(self, message: Any, category: Any, filename: str, lineno: int, *_: Any) -> None:
+        if "synchroniz" not in str(message).lower():
+            return
+        import traceback
+
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if "warnings" not in f.filename
+        ]
+        where = " <- ".join(reversed(frames[-4:]))
+        self.sites.append(f"{threading.current_thread().name}: {where}")
+
+
+def _run_pipeline(
+    run: Any, state: Any, sh: Shapes, device: torch.device, steps: int, ideal: float, name: str
+) -> dict[str, Any]:
+    from trainer.checkpoint import TrainPosition
+    from trainer.pipeline import Pipeline
+    from trainer.steplog import RunLog
+    from trainer.warmup import graphs_compiled
+
     graphs0 = graphs_compiled()
-    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"dflash-bench-{os.getpid()}"
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"dflash-bench-{os.getpid()}-{name[0]}"
     tmp.mkdir(parents=True, exist_ok=True)
     log = RunLog(tmp, echo=False)
-    syncs: list[int] = [0]
     pipe = Pipeline(run, state, log, TrainPosition(0, 0, 0), save_checkpoint=lambda p: None)
     window = (steps // 2, steps // 2 + 10)
-
     orig = pipe._optimizer_step
+    step_ends: list[float] = []
 
     def counting_step(s: int) -> None:
         orig(s)
+        step_ends.append(time.perf_counter())
         if s + 1 == window[0] and device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("warn")
@@ -470,45 +509,60 @@ def section_pipeline(
 
     pipe._optimizer_step = counting_step  # type: ignore[method-assign]
     torch._logging.set_logs(recompiles=True)  # any recompile says why, in the output
-    with warnings.catch_warnings(record=True) as caught:
+    recorder = _SyncRecorder()
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = recorder  # type: ignore[assignment]
         t0 = time.perf_counter()
         pipe.start()
         outcome = pipe.wait()
         if device.type == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
-    syncs[0] = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-    tok_s = steps * sh.B * sh.S / total
-    ideal = t_drafter + t_target  # one GPU runs both stages back to back
-    eff = ideal / (total / steps)
+    n_syncs = len(recorder.sites)
+    # Steady state: the second half of the run (the first steps fill the queues).
+    half = step_ends[len(step_ends) // 2 :]
+    per_step = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else total / steps
+    tok_s = sh.B * sh.S / per_step
+    eff = ideal / per_step  # one GPU runs both stages back to back
     recompiles = graphs_compiled() - graphs0
-    RESULTS.update(
-        pipeline_tok_s=tok_s,
-        pipeline_efficiency=eff,
-        recompiles_after_warmup=recompiles,
-        host_syncs_per_step=syncs[0] / (window[1] - window[0]),
-        warmup_s=warm,
-        pipeline_outcome=outcome,
-    )
     row(
-        f"threaded pipeline, all roles on one device, {steps} steps ({outcome})",
-        f"{tok_s:,.0f} tok/s; efficiency {eff:.1%} of drafter+target back to back",
+        f"threaded pipeline, {name}, all roles on one device, {steps} steps ({outcome})",
+        f"{tok_s:,.0f} tok/s steady ({steps * sh.B * sh.S / total:,.0f} overall); "
+        f"efficiency {eff:.1%} of drafter+target back to back",
         ">= 95 %",
     )
-    row("recompiles during the pipeline steps after warm-up", str(recompiles), "0")
+    row(f"recompiles during the pipeline steps after warm-up ({name})", str(recompiles), "0")
     row(
-        "host syncs per steady-state step (sync debug mode, 10 steps)",
-        f"{syncs[0] / (window[1] - window[0]):.1f}",
+        f"host syncs per steady-state step ({name}; sync debug mode, 10 steps)",
+        f"{n_syncs / (window[1] - window[0]):.1f}",
         "0",
     )
-    row("single-thread warm-up (compile) in this process", f"{warm:.1f} s")
-    where = sorted(
-        {f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()}
-    )
-    RESULTS["host_sync_sites"] = where
-    for site in where[:8]:
-        print("   host sync at", site, flush=True)
+    sites = sorted(set(recorder.sites))
+    for site in sites[:8]:
+        print("   host sync:", site, flush=True)
+    return {
+        "pipeline_tok_s": tok_s,
+        "pipeline_efficiency": eff,
+        "pipeline_overall_tok_s": steps * sh.B * sh.S / total,
+        "recompiles_after_warmup": recompiles,
+        "host_syncs_per_step": n_syncs / (window[1] - window[0]),
+        "host_sync_sites": sites,
+        "pipeline_outcome": outcome,
+    }
+
+
+def compile_report(path: Path) -> None:
+    """Where the compile time went (dynamo's timers), the slowest stages printed, all saved."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    from trainer.warmup import compile_breakdown, compile_cache_counts
+
+    path.write_text(json.dumps(compilation_time_metrics, indent=1, default=str))
+    RESULTS["compile_breakdown_s"] = compile_breakdown(8)
+    RESULTS["compile_cache"] = compile_cache_counts()
+    print("  compile stages (s):", RESULTS["compile_breakdown_s"], flush=True)
+    print("  compile cache:", RESULTS["compile_cache"], flush=True)
 
 
 def main() -> int:
@@ -534,9 +588,13 @@ def main() -> int:
     save(args.out)
     t_drafter = t_target = 0.0
     if "drafter" in want or "pipeline" in want:
+        # A cold compile past 4 minutes has happened here: show where it is, every minute.
+        faulthandler.dump_traceback_later(240, repeat=True)
         times = section_drafter(sh, device, peak)
+        faulthandler.cancel_dump_traceback_later()
         t_drafter = min(times.values())
         save(args.out)
+        compile_report(args.out.with_name("compile_times.json"))
     if "attention" in want:
         section_attention(sh, device)
         save(args.out)
@@ -551,8 +609,8 @@ def main() -> int:
             section_pipeline(sh, device, target, t_drafter, t_target, args.pipeline_steps)
             save(args.out)
     print("\n| what | figure | target |\n|---|---|---|")
-    for what, figure, target in ROWS:
-        print(f"| {what} | {figure} | {target} |")
+    for what, figure, goal in ROWS:
+        print(f"| {what} | {figure} | {goal} |")
     return 0
 
 

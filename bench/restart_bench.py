@@ -65,6 +65,7 @@ def main() -> int:
             {
                 "first_step_s": round(first_step, 1),
                 "warmup_s": hb.get("compile", {}).get("warmup_s"),
+                "compile": hb.get("compile"),
                 "phases": durations,
             }
         )

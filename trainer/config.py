@@ -97,6 +97,9 @@ class RuntimeConfig:
     prefetch_threads: int = 0  # 0 = one per target
     q_pre_size: int = 8  # batches waiting for each target
     q_hs_size: int = 4  # feature batches waiting for each drafter, per target
+    # Target forwards on their own CUDA stream, so a target sharing a GPU with a drafter
+    # overlaps its kernels with the drafter's instead of queueing behind them.
+    target_stream: bool = True
     heartbeat_interval: float = 1.0
     # Inductor/Triton cache, kept outside the run dir so a restart reuses it.
     # "" = <cache dir>/compile (see DFLASH_CACHE_DIR).

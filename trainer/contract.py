@@ -34,7 +34,10 @@ trainer's heartbeat thread:
     devices           {device: {"uuid": "GPU-…" | null, "name": str}}: matches a torch device
                       to NVML's physical GPU whatever CUDA_VISIBLE_DEVICES renumbered
     compile           {"graphs": int, "recompiles": int (graphs compiled after warm-up),
-                       "warmup_s": float or null, "cache_dir": str}
+                       "warmup_s": float or null, "cache_dir": str, and after warm-up
+                       "cache_hits", "cache_misses", "cache_bypasses": int (Inductor and
+                       AOTAutograd on-disk caches; misses = kernels generated) and
+                       "breakdown": {stage: seconds}, the slowest compile stages}
     code_sha256       str, `code_hash()` of the running trainer package
     gil               {"probe_sleep_ms": float, "p50_ms": float, "p99_ms": float,
                        "samples": int}: how late a thread that sleeps wakes up (GIL pressure)

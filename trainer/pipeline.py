@@ -16,6 +16,7 @@ thread reports the crash.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -37,7 +38,7 @@ from trainer.runstate import RunState
 from trainer.setup import RunSetup
 from trainer.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
 from trainer.steplog import RunLog, StepRecord
-from trainer.transfer import send, wait_ready
+from trainer.transfer import hand_over, send, wait_ready
 
 _POLL_S = 0.1  # how often a blocked thread looks up to see whether the run is ending
 
@@ -55,8 +56,6 @@ class FeatureItem:
 
 
 def autocast_for(device: torch.device) -> Any:
-    import contextlib
-
     # bf16 compute with fp32 master weights on GPU; plain fp32 on CPU.
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -193,6 +192,14 @@ class Pipeline:
 
     def _target(self, t: int) -> None:
         dev = self.run.target_devices[t]
+        side = None
+        if dev.type == "cuda" and self.cfg.runtime.target_stream:
+            side = torch.cuda.Stream(dev)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            self._target_loop(t, dev, side)
+        self.state.thread_state("done")
+
+    def _target_loop(self, t: int, dev: torch.device, side: torch.cuda.Stream | None) -> None:
         features_of = self.run.targets[dev].features
         for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
             blocks: BlockBatch = self._get(self.q_pre[t], "waiting: q_pre empty")
@@ -208,10 +215,11 @@ class Pipeline:
             self.state.thread_state("building mask")
             attach_mask(blocks_dst, self.run.settings.backend, self.run.settings.block_size)
             item = FeatureItem(g=g, blocks=blocks_dst, features=moved[0], ready=ready)
+            if side is not None and dst == dev:
+                item.ready = hand_over((item.blocks, item.features), side, dst)
             with self._count_lock:
                 self._target_batches += 1
             self._put(self.q_hs[t][r], item, "waiting: q_hs full")
-        self.state.thread_state("done")
 
     def _drafter(self, r: int) -> None:
         run, cfg = self.run, self.cfg

@@ -173,7 +173,12 @@ class Run:
         from trainer.pipeline import Pipeline
         from trainer.setup import build_run
         from trainer.wandb_log import start_wandb
-        from trainer.warmup import graphs_compiled, warm_up
+        from trainer.warmup import (
+            compile_breakdown,
+            compile_cache_counts,
+            graphs_compiled,
+            warm_up,
+        )
 
         faults = FaultPlan()  # a bad DFLASH_FAULT is bad input, found before any loading
         self.setup = setup = build_run(
@@ -201,13 +206,20 @@ class Run:
         self.state.compile["cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
         warmup_s = warm_up(setup, self.state)
         self.graphs_after_warmup = graphs_compiled()
-        self.state.compile.update(warmup_s=warmup_s, graphs=self.graphs_after_warmup)
+        self.state.compile.update(
+            warmup_s=warmup_s,
+            graphs=self.graphs_after_warmup,
+            breakdown=compile_breakdown(),
+            **compile_cache_counts(),
+        )
         if setup.loader is not None and setup.loader.is_alive():
             self.state.set_phase("loading_target")  # compiled first: now wait for the weights
         setup.finish_loading()
+        comp = self.state.compile
         self.log.line(
             f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "
-            f"{graphs_compiled()} graph(s) compiled"
+            f"{graphs_compiled()} graph(s) compiled; compile cache {comp['cache_hits']} hit(s), "
+            f"{comp['cache_misses']} miss(es)"
         )
         if self.stop_request.is_set():
             self.state.set_phase("stopping")

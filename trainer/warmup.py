@@ -25,6 +25,31 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def compile_cache_counts() -> dict[str, int]:
+    """How the on-disk compile caches answered so far: Inductor's FX graph cache and
+    AOTAutograd's cache. Misses mean kernels were generated (minutes), hits that they were
+    loaded; a bypass means a graph the caches cannot hold (compiled every time)."""
+    from torch._dynamo.utils import counters
+
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    return {
+        "cache_hits": int(ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"]),
+        "cache_misses": int(ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"]),
+        "cache_bypasses": int(ind["fxgraph_cache_bypass"] + aot["autograd_cache_bypass"]),
+    }
+
+
+def compile_breakdown(top: int = 6) -> dict[str, float]:
+    """The slowest compile stages so far, in seconds summed over graphs (dynamo's own
+    timers: tracing, AOTAutograd, Inductor lowering, kernel builds). Nested stages overlap,
+    so the figures do not add up to the warm-up time."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    slowest = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {k: round(v, 2) for k, v in slowest}
+
+
 def warm_up(run: RunSetup, state: RunState) -> float:
     """Returns seconds spent. Leaves no gradients and no optimizer state behind."""
     from trainer.pipeline import autocast_for

@@ -78,11 +78,14 @@ class HeartbeatPane(Static):
             t.add_row("wandb", f"{info.get('mode')} {info.get('id') or ''} {info.get('url') or ''}")
         comp = hb.get("compile") or {}
         if comp.get("warmup_s") is not None:
-            t.add_row(
-                "compile",
+            line = (
                 f"warm-up {comp['warmup_s']:.1f}s · {comp.get('graphs')} graphs"
-                f" · {comp.get('recompiles')} recompiles",
+                f" · {comp.get('recompiles')} recompiles"
             )
+            if comp.get("cache_hits") is not None:
+                # Misses mean kernels were generated: a cold cache explains a slow compile.
+                line += f" · cache {comp['cache_hits']} hit / {comp.get('cache_misses')} miss"
+            t.add_row("compile", line)
         gil = hb.get("gil") or {}
         if gil.get("samples"):
             t.add_row("GIL", f"wake-up late p50 {gil['p50_ms']:.1f}ms p99 {gil['p99_ms']:.1f}ms")

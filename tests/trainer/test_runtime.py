@@ -47,6 +47,7 @@ def test_phases_advance_and_the_heartbeat_stays_fresh(start_trainer):
     assert max(ages) < 2.5  # replaced at least every 2 s
     assert hb["pid"] == p.proc.pid and hb["pgid"] > 0
     assert hb["compile"]["recompiles"] == 0 and hb["compile"]["warmup_s"] is not None
+    assert all(hb["compile"][k] >= 0 for k in ("cache_hits", "cache_misses", "cache_bypasses"))
     assert len(hb["code_sha256"]) == 64
     assert {t["name"] for t in hb["threads"]} >= PIPELINE_THREADS | {"heartbeat", "MainThread"}
     roles = {t["name"]: t["role"] for t in hb["threads"]}
