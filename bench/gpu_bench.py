@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from gpu_timeline import GpuSampler, KernelTimeline, sustained  # noqa: E402  (bench/)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from trainer.attention import attend, make_block_mask, make_dense_mask  # noqa: E402
@@ -49,6 +51,8 @@ from trainer.step import BlockBatch, LossSettings, drafter_loss  # noqa: E402
 from trainer.target import TargetFeatures, default_target_layer_ids  # noqa: E402
 
 RESULTS: dict[str, Any] = {}
+SAMPLER: GpuSampler | None = None  # set in main(): clocks and power per section
+TRACES: Path | None = None  # --trace-dir: gzipped Chrome traces of the profiled windows
 ROWS: list[tuple[str, str, str]] = []
 
 
@@ -378,6 +382,79 @@ def section_target(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
     return t
 
 
+def _profile(label: str, fn: Callable[[], None], n: int) -> dict[str, Any]:
+    tl = KernelTimeline()
+    tl.start()
+    for _ in range(n):
+        fn()
+    tl.stop()
+    out = tl.summary(n)
+    if TRACES is not None:
+        tl.save(TRACES / f"trace-{label}.json.gz")
+    return out
+
+
+def section_stages(sh: Shapes, device: torch.device, target: TargetFeatures) -> tuple[float, float]:
+    """Each pipeline stage alone, exactly as its thread runs it, sustained for seconds:
+    the drafter's step (loss, backward, grad clip, AdamW) on a target thread's output, and
+    the target's forward plus the mask build. Clocks sampled, 3 steps profiled."""
+    from trainer.step import attach_mask
+
+    assert SAMPLER is not None
+    blocks = synthetic_blocks(sh, device)
+    backend = "flex" if device.type == "cuda" else "sdpa"
+    settings = LossSettings(
+        backend=backend, block_size=sh.bs, gamma=7.0, chunk_blocks=128, topk=4, impl="fused"
+    )
+    attach_mask(blocks, backend, sh.bs)
+    features = target(blocks.batch.input_ids)
+    model = make_drafter(sh, device, compiled=device.type == "cuda")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
+
+    def drafter_step() -> None:
+        with ctx or contextlib.nullcontext():
+            loss = drafter_loss(model, blocks, features, settings).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def target_step() -> None:
+        target(blocks.batch.input_ids)
+        attach_mask(blocks, backend, sh.bs)
+
+    n_d = 4 if device.type == "cpu" else 60
+    n_t = 4 if device.type == "cpu" else 70
+    with SAMPLER.window("drafter alone"):
+        t_d = sustained(drafter_step, n_d, device)
+    with SAMPLER.window("target alone"):
+        t_t = sustained(target_step, n_t, device)
+    RESULTS.update(stage_drafter_sustained_s=t_d, stage_target_sustained_s=t_t)
+    row(
+        f"drafter stage alone, sustained ({n_d} steps, as its thread runs it)",
+        f"{t_d * 1e3:.1f} ms/step",
+    )
+    row(f"target stage alone, sustained ({n_t} batches, + mask build)", f"{t_t * 1e3:.1f} ms")
+    RESULTS["timeline_drafter"] = _profile("drafter", drafter_step, 3)
+    RESULTS["timeline_target"] = _profile("target", target_step, 3)
+    for k in ("drafter", "target"):
+        tl = RESULTS[f"timeline_{k}"]
+        print(f"  {k} alone, profiled: {_timeline_line(tl)}", flush=True)
+    return t_d, t_t
+
+
+def _timeline_line(tl: dict[str, Any]) -> str:
+    if not tl.get("kernels"):
+        return "no CUDA kernels recorded"
+    streams = ", ".join(f"stream {k} {v:.1f}" for k, v in tl["per_stream_ms"].items())
+    return (
+        f"per step {tl['wall_ms']:.1f} ms wall, {tl['busy_ms']:.1f} busy, "
+        f"{tl['idle_ms']:.1f} idle, kernels {tl['kernel_sum_ms']:.1f} ({streams})"
+    )
+
+
 def section_pipeline(
     sh: Shapes,
     device: torch.device,
@@ -455,9 +532,29 @@ def section_pipeline(
     for target_stream in (default, not default):
         cfg.runtime.target_stream = target_stream
         name = "target stream" if target_stream else "one stream"
-        res = _run_pipeline(run, state, sh, device, steps, t_drafter + t_target, name)
-        suffix = "" if target_stream == default else "_" + name.replace(" ", "_")
+        assert SAMPLER is not None
+        with SAMPLER.window(f"pipeline, {name}"):
+            res = _run_pipeline(
+                run,
+                state,
+                sh,
+                device,
+                steps,
+                t_drafter + t_target,
+                name,
+                profile=not suffix_of(target_stream, default),
+            )
+        suffix = suffix_of(target_stream, default)
         RESULTS.update({f"{k}{suffix}": v for k, v in res.items()})
+
+
+def suffix_of(target_stream: bool, default: bool) -> str:
+    """Result keys: plain for the trainer's default stream mode, suffixed for the other."""
+    return (
+        ""
+        if target_stream == default
+        else "_" + ("target_stream" if target_stream else "one_stream")
+    )
 
 
 class _SyncRecorder:
@@ -482,7 +579,14 @@ class _SyncRecorder:
 
 
 def _run_pipeline(
-    run: Any, state: Any, sh: Shapes, device: torch.device, steps: int, ideal: float, name: str
+    run: Any,
+    state: Any,
+    sh: Shapes,
+    device: torch.device,
+    steps: int,
+    ideal: float,
+    name: str,
+    profile: bool,
 ) -> dict[str, Any]:
     from trainer.checkpoint import TrainPosition
     from trainer.pipeline import Pipeline
@@ -498,9 +602,16 @@ def _run_pipeline(
     orig = pipe._optimizer_step
     step_ends: list[float] = []
 
+    timeline = KernelTimeline() if profile else None
+    prof_window = (steps - 8, steps - 4)  # late: queues full, clocks settled
+
     def counting_step(s: int) -> None:
         orig(s)
         step_ends.append(time.perf_counter())
+        if timeline is not None and s + 1 == prof_window[0]:
+            timeline.start()
+        if timeline is not None and s + 1 == prof_window[1]:
+            timeline.stop()
         if s + 1 == window[0] and device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("warn")
@@ -519,10 +630,13 @@ def _run_pipeline(
         if device.type == "cuda":
             torch.cuda.synchronize()
         total = time.perf_counter() - t0
+    # Steady state: between the sync-debug window and the profiled one, so neither the
+    # bench's own synchronize nor the profiler is in it (the first steps fill the queues).
+    a, b = window[1] + 1, prof_window[0] - 2
+    per_step = (step_ends[b] - step_ends[a]) / (b - a) if b > a + 4 else total / steps
+    # The bench's own set_sync_debug_mode call is reported as a sync: not the trainer's.
+    recorder.sites = [x for x in recorder.sites if "set_sync_debug_mode" not in x]
     n_syncs = len(recorder.sites)
-    # Steady state: the second half of the run (the first steps fill the queues).
-    half = step_ends[len(step_ends) // 2 :]
-    per_step = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else total / steps
     tok_s = sh.B * sh.S / per_step
     eff = ideal / per_step  # one GPU runs both stages back to back
     recompiles = graphs_compiled() - graphs0
@@ -538,6 +652,22 @@ def _run_pipeline(
         f"{n_syncs / (window[1] - window[0]):.1f}",
         "0",
     )
+    extra: dict[str, Any] = {}
+    if timeline is not None:
+        extra["timeline_pipeline"] = tl = timeline.summary(prof_window[1] - prof_window[0])
+        print(f"  pipeline ({name}), profiled: {_timeline_line(tl)}", flush=True)
+        if TRACES is not None:
+            timeline.save(TRACES / "trace-pipeline.json.gz")
+    sustained_ideal = RESULTS.get("stage_drafter_sustained_s", 0) + RESULTS.get(
+        "stage_target_sustained_s", 0
+    )
+    if sustained_ideal:
+        extra["pipeline_efficiency_vs_sustained"] = sustained_ideal / per_step
+        row(
+            f"pipeline efficiency ({name}) against the stages alone, sustained",
+            f"{sustained_ideal / per_step:.1%}",
+            ">= 95 %",
+        )
     sites = sorted(set(recorder.sites))
     for site in sites[:8]:
         print("   host sync:", site, flush=True)
@@ -549,6 +679,7 @@ def _run_pipeline(
         "host_syncs_per_step": n_syncs / (window[1] - window[0]),
         "host_sync_sites": sites,
         "pipeline_outcome": outcome,
+        **extra,
     }
 
 
@@ -573,7 +704,13 @@ def main() -> int:
         "--only", nargs="*", default=None, help="peak drafter attention lm_head target pipeline"
     )
     p.add_argument("--pipeline-steps", type=int, default=200)
+    p.add_argument("--trace-dir", type=Path, help="save gzipped Chrome traces of profiled steps")
     args = p.parse_args()
+    global SAMPLER, TRACES
+    SAMPLER = GpuSampler()
+    TRACES = args.trace_dir
+    if TRACES is not None:
+        TRACES.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sh = Shapes(args.small)
     RESULTS.update(
@@ -606,7 +743,12 @@ def main() -> int:
         t_target = section_target(sh, device, target)
         save(args.out)
         if "pipeline" in want:
+            section_stages(sh, device, target)
+            save(args.out)
             section_pipeline(sh, device, target, t_drafter, t_target, args.pipeline_steps)
+            RESULTS["gpu_clocks"] = SAMPLER.windows
+            for label, w in SAMPLER.windows.items():
+                print(f"  clocks, {label}: {w}", flush=True)
             save(args.out)
     print("\n| what | figure | target |\n|---|---|---|")
     for what, figure, goal in ROWS:
