@@ -907,14 +907,22 @@ def recompiles(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     evidence = f"{n:.0f} graphs compiled after warm-up ({_num(comp.get('graphs')) or 0:.0f} in all)"
     if rise > 0:
         evidence += f", +{rise:.0f} in the last {_dur(over)}"
+    why = comp.get("last_recompile")
+    if why:
+        evidence += f"; last: {why}"
+    action = (
+        "make that input's shape, dtype or grad mode the same as in warm-up (bucket or pad it)"
+        if why
+        else "a shape or dtype changed after warm-up: rerun with TORCH_LOGS=recompiles to see "
+        "which guard failed"
+    )
     return [
         Finding(
             "warning",
             "recompiles",
             f"{n:.0f} recompile{'s' if n != 1 else ''} during training",
             evidence,
-            "a shape or dtype changed after warm-up: rerun with TORCH_LOGS=recompiles to see "
-            "which guard failed",
+            action,
         )
     ]
 

@@ -37,7 +37,9 @@ trainer's heartbeat thread:
                        "warmup_s": float or null, "cache_dir": str, and after warm-up
                        "cache_hits", "cache_misses", "cache_bypasses": int (Inductor and
                        AOTAutograd on-disk caches; misses = kernels generated) and
-                       "breakdown": {stage: seconds}, the slowest compile stages}
+                       "breakdown": {stage: seconds}, the slowest compile stages;
+                       "last_recompile": str, which function recompiled and the guard
+                       that failed (set when a recompile happens)}
     code_sha256       str, `code_hash()` of the running trainer package
     gil               {"probe_sleep_ms": float, "p50_ms": float, "p99_ms": float,
                        "samples": int}: how late a thread that sleeps wakes up (GIL pressure)

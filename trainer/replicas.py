@@ -33,9 +33,10 @@ class DrafterReplicas:
         self.models: list[DFlashDrafter] = [primary]
         for dev in devices[1:]:
             embed, head = embed_for[dev]
-            replica = DFlashDrafter(primary.arch, embed, head)
+            with torch.device(dev):  # initialised there: a host init is slow and discarded
+                replica = DFlashDrafter(primary.arch, embed, head)
             replica.load_state_dict(primary.trainable_state_dict(), strict=False)
-            self.models.append(replica.to(dev))
+            self.models.append(replica)
         self._params: list[list[Tensor]] = [
             [p for p in m.parameters() if p.requires_grad] for m in self.models
         ]

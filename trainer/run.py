@@ -168,6 +168,14 @@ class Run:
             os._exit(code)
         return code
 
+    def _on_recompile(self, message: str) -> None:
+        """A graph compiled after warm-up: say which and why, in the log and heartbeat."""
+        from trainer.warmup import recompile_summary
+
+        summary = recompile_summary(message)
+        self.state.compile["last_recompile"] = summary
+        self.log.line(f"recompile: {summary}")
+
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
         from trainer.faults import FaultPlan
         from trainer.pipeline import Pipeline
@@ -178,6 +186,7 @@ class Run:
             compile_cache_counts,
             graphs_compiled,
             warm_up,
+            watch_recompiles,
         )
 
         faults = FaultPlan()  # a bad DFLASH_FAULT is bad input, found before any loading
@@ -216,6 +225,7 @@ class Run:
             self.state.set_phase("loading_target")  # compiled first: now wait for the weights
         setup.finish_loading()
         comp = self.state.compile
+        watch_recompiles(self._on_recompile)
         self.log.line(
             f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "
             f"{graphs_compiled()} graph(s) compiled; compile cache {comp['cache_hits']} hit(s), "

@@ -9,7 +9,9 @@ reports graphs compiled afterwards as recompiles.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -23,6 +25,37 @@ def graphs_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+class _RecompileHandler(logging.Handler):
+    def __init__(self, on_reason: Callable[[str], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self.on_reason = on_reason
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.on_reason(record.getMessage())
+        except Exception:  # a reporting failure must never break the compiling thread
+            self.handleError(record)
+
+
+def watch_recompiles(on_reason: Callable[[str], None]) -> None:
+    """Pass every recompile's reason (dynamo's "recompiles" log: which function, which
+    guard failed) to `on_reason`, from the thread that recompiles. Turned on after warm-up,
+    where a recompile is a stall the operator should be able to explain."""
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    if not any(isinstance(h, _RecompileHandler) for h in logger.handlers):
+        logger.addHandler(_RecompileHandler(on_reason))
+
+
+def recompile_summary(message: str) -> str:
+    """'Recompiling function forward in /x/model.py:120 ... - guard failure' on one line."""
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    head = lines[0] if lines else message
+    head = head.replace("Recompiling function ", "")
+    reasons = [ln for ln in lines[1:] if not ln.startswith("triggered by")]
+    return f"{head}: {'; '.join(reasons[:2])}"[:300]
 
 
 def compile_cache_counts() -> dict[str, int]:

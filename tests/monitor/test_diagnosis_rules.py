@@ -404,6 +404,14 @@ def test_recompiles_during_training_and_how_much_they_rise() -> None:
     assert f.evidence.endswith(", +5 in the last 42s")  # since the 0 seen first
 
 
+def test_a_recompile_names_its_guard_when_the_trainer_caught_it() -> None:
+    why = "forward in /t/model.py:120: tensor 'x' size mismatch at index 1. expected 4096"
+    comp = {"recompiles": 1, "graphs": 6, "last_recompile": why}
+    f = only(run("healthy_gpu.jsonl", heartbeat(compile=comp)), "recompiles")
+    assert f.evidence == f"1 graphs compiled after warm-up (6 in all); last: {why}"
+    assert "TORCH_LOGS" not in f.action and "bucket or pad" in f.action
+
+
 def test_no_recompile_finding_outside_training_or_at_zero() -> None:
     assert run("healthy_gpu.jsonl", heartbeat(compile={"recompiles": 0, "graphs": 12})) == []
     warm = heartbeat(phase="warmup", compile={"recompiles": 3, "graphs": 15})

@@ -84,8 +84,9 @@ def test_target_stream_trains_like_the_shared_stream(tmp_path):
              "--set", f"runtime.target_stream={flag}"],
             cwd=root, capture_output=True, text=True, timeout=400,
         )  # fmt: skip
-        assert r.returncode == 0, r.stderr[-3000:]
         (run_dir,) = [p for p in run_root.iterdir() if p.is_dir()]
+        log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
+        assert r.returncode == 0, f"target_stream={flag}: {r.stderr[-2000:]}\n{log[-4000:]}"
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         curves[flag] = [json.loads(ln)["loss"] for ln in lines]
         compile_stats = json.loads((run_dir / "heartbeat.json").read_text())["compile"]

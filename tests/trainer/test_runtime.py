@@ -209,3 +209,25 @@ def test_wandb_offline_is_recorded_and_its_absence_is_one_line(start_trainer, tm
 
 def test_phases_are_the_contracts():
     assert PHASES[0] == "starting" and {"finished", "crashed"} <= set(PHASES)
+
+
+def test_recompiles_after_warm_up_are_reported_with_their_reason():
+    """dynamo's own recompile log, caught: the heartbeat and train.log say which guard failed."""
+    import torch
+
+    from trainer.warmup import recompile_summary, watch_recompiles
+
+    @torch.compile(backend="eager", dynamic=False)
+    def scale(x):
+        return x * 2
+
+    scale(torch.ones(3))
+    reasons: list[str] = []
+    watch_recompiles(reasons.append)
+    scale(torch.ones(3))
+    assert reasons == []  # same shape: no recompile
+    scale(torch.ones(5))
+    assert len(reasons) == 1
+    line = recompile_summary(reasons[0])
+    assert line.startswith("scale in ") and "\n" not in line
+    assert "size" in line or "5" in line, line
