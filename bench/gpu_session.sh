@@ -3,7 +3,7 @@
 #   bench/gpu_session.sh OUTDIR [PART...]      PART: tests bench restart pack (default: all)
 # A device call is limited to 10 minutes and each starts on a bare machine (cold compile
 # cache), so the parts are chosen to fit one call each:
-#   tests    the CUDA tests (full log in OUTDIR/test_gpu.log)
+#   tests    the CUDA tests (full log in OUTDIR/test_gpu.log); tests-cold: on an empty cache
 #   bench    gpu_bench.py: peak, drafter, lm_head, target, stages alone, pipeline (both
 #            stream modes, profiled), with Chrome traces in OUTDIR
 #   restart  build the 8B-shaped target, then restart the trainer: cold when the cache is
@@ -30,10 +30,14 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 for part in $parts; do
   echo "== $part ($(( $(date +%s) - t0 ))s)"
   case $part in
-    tests)
+    tests|tests-cold)
+      # tests-cold: an empty compile cache, as on a new machine (the cold path is where
+      # threads compiling at once would hurt).
+      [[ $part == tests-cold ]] && export TORCHINDUCTOR_CACHE_DIR=/tmp/cold/inductor TRITON_CACHE_DIR=/tmp/cold/triton
       timeout "$(left $budget)" python3 -m pytest -q -p no:cacheprovider tests/trainer/test_gpu.py \
         > "$out/test_gpu.log" 2>&1
-      echo "tests: exit $?"; grep -E "passed|failed|Error|error:|assert" "$out/test_gpu.log" | tail -25 ;;
+      echo "tests: exit $?"; grep -E "passed|failed|Error|error:|assert" "$out/test_gpu.log" | tail -25
+      export TORCHINDUCTOR_CACHE_DIR="$cache/inductor" TRITON_CACHE_DIR="$cache/triton" ;;
     bench)
       # Each section saves results.json as it ends: a cut-off run returns what it measured.
       timeout "$(left $budget)" python3 bench/gpu_bench.py --out "$out/results.json" \

@@ -74,7 +74,6 @@ def make_dense_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int
 
 
 _compiled_flex: Any = None
-_compiled_block_mask: Any = None
 
 
 def compiled_flex_attention() -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainer.attention import resolve_backend
+from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
 from trainer.config import Config
 from trainer.data import Sample, batches_per_epoch, load_samples, resolve_data_path
@@ -88,6 +88,10 @@ def compile_layers(model: DFlashDrafter) -> None:
     before any worker starts."""
     if model.embed_weight.device.type != "cuda":
         return
+    # Create the compiled flex_attention now. Made lazily inside the first traced layer, it
+    # left that graph guarded on "not created yet", a guard no later call passes: layer 0's
+    # graph then recompiled at the first training step, in every drafter thread at once.
+    compiled_flex_attention()
     for layer in model.layers:
         layer.compile(dynamic=False)
 
