@@ -638,12 +638,21 @@ def _run_pipeline(
     recorder.sites = [x for x in recorder.sites if "set_sync_debug_mode" not in x]
     n_syncs = len(recorder.sites)
     tok_s = sh.B * sh.S / per_step
-    eff = ideal / per_step  # one GPU runs both stages back to back
+    # One GPU runs both stages back to back. Against the short CUDA-event bursts of the
+    # drafter and target sections (boost clocks, no grad clip), and against the stages run
+    # alone for seconds exactly as the threads run them (section_stages): the card is
+    # power-capped under sustained load, so only the second compares like with like.
+    eff_burst = ideal / per_step
+    sustained_ideal = RESULTS.get("stage_drafter_sustained_s", 0) + RESULTS.get(
+        "stage_target_sustained_s", 0
+    )
+    eff = sustained_ideal / per_step if sustained_ideal else eff_burst
     recompiles = graphs_compiled() - graphs0
     row(
         f"threaded pipeline, {name}, all roles on one device, {steps} steps ({outcome})",
         f"{tok_s:,.0f} tok/s steady ({steps * sh.B * sh.S / total:,.0f} overall); "
-        f"efficiency {eff:.1%} of drafter+target back to back",
+        f"efficiency {eff:.1%} of the stages alone, sustained ({eff_burst:.1%} of the "
+        "burst figures)",
         ">= 95 %",
     )
     row(f"recompiles during the pipeline steps after warm-up ({name})", str(recompiles), "0")
@@ -658,22 +667,13 @@ def _run_pipeline(
         print(f"  pipeline ({name}), profiled: {_timeline_line(tl)}", flush=True)
         if TRACES is not None:
             timeline.save(TRACES / "trace-pipeline.json.gz")
-    sustained_ideal = RESULTS.get("stage_drafter_sustained_s", 0) + RESULTS.get(
-        "stage_target_sustained_s", 0
-    )
-    if sustained_ideal:
-        extra["pipeline_efficiency_vs_sustained"] = sustained_ideal / per_step
-        row(
-            f"pipeline efficiency ({name}) against the stages alone, sustained",
-            f"{sustained_ideal / per_step:.1%}",
-            ">= 95 %",
-        )
     sites = sorted(set(recorder.sites))
     for site in sites[:8]:
         print("   host sync:", site, flush=True)
     return {
         "pipeline_tok_s": tok_s,
         "pipeline_efficiency": eff,
+        "pipeline_efficiency_vs_burst": eff_burst,
         "pipeline_overall_tok_s": steps * sh.B * sh.S / total,
         "recompiles_after_warmup": recompiles,
         "host_syncs_per_step": n_syncs / (window[1] - window[0]),

@@ -127,7 +127,14 @@ def heartbeat(t: float, phase: str = "training", step: int = 876, **extra: Any) 
             for i in range(8)
         },
         "devices": {f"cuda:{i}": {"uuid": f"GPU-{i:08d}", "name": "NVIDIA H200"} for i in range(8)},
-        "compile": {"graphs": 10, "recompiles": 0, "warmup_s": 23.0, "cache_dir": "/c"},
+        "compile": {
+            "graphs": 10,
+            "recompiles": 0,
+            "warmup_s": 23.0,
+            "cache_dir": "/c",
+            "cache_hits": 10,
+            "cache_misses": 0,
+        },
         "code_sha256": SHA,
         "gil": {"probe_sleep_ms": 5.0, "p50_ms": 0.2, "p99_ms": 3.1, "samples": 200},
         "wandb": {

@@ -72,6 +72,7 @@ def test_every_pane_updates_from_the_event_stream():
             hb = plain(app.query_one(HeartbeatPane))
             assert "training for 7h49m" in hb and "running = deployed" in hb
             assert "nloj6lfc" in hb and "step 876" in hb and "14.2K tok/s" in hb
+            assert "0 recompiles · cache 10 hit / 0 miss" in hb
             queues = plain(app.query_one(QueuePane))
             assert "q_pre[4]" in queues and "50/64" in queues and "q_hs[0]" in queues
             log = log_text(app.query_one(StepLog))
