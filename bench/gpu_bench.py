@@ -20,7 +20,6 @@ drafter 5 layers, block 16, 512 anchors; sequences of 4096 tokens.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import json
 import math
@@ -41,11 +40,17 @@ import torch  # noqa: E402
 from gpu_timeline import GpuSampler, KernelTimeline, sustained  # noqa: E402  (bench/)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from trainer.attention import attend, make_block_mask, make_dense_mask  # noqa: E402
+from trainer.attention import (  # noqa: E402
+    attend,
+    make_block_mask,
+    make_dense_mask,
+    resolve_backend,
+)
 from trainer.blocks import sample_anchors  # noqa: E402
 from trainer.data import Batch, Sample  # noqa: E402
 from trainer.loss import dflash_loss  # noqa: E402
 from trainer.model import DFlashDrafter, DrafterArch  # noqa: E402
+from trainer.pipeline import autocast_for  # noqa: E402
 from trainer.setup import compile_layers  # noqa: E402
 from trainer.step import BlockBatch, LossSettings, drafter_loss  # noqa: E402
 from trainer.target import TargetFeatures, default_target_layer_ids  # noqa: E402
@@ -147,6 +152,18 @@ def make_drafter(sh: Shapes, device: torch.device, compiled: bool) -> DFlashDraf
     return model
 
 
+def bench_settings(sh: Shapes, device: torch.device) -> LossSettings:
+    """The loss every section trains with: the trainer's backend choice for the device."""
+    return LossSettings(
+        backend=resolve_backend("auto", device),
+        block_size=sh.bs,
+        gamma=7.0,
+        chunk_blocks=128,
+        topk=4,
+        impl="fused",
+    )
+
+
 def synthetic_blocks(sh: Shapes, device: torch.device, seed: int = 0) -> BlockBatch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, sh.V - 2, (sh.B, sh.S), generator=g)
@@ -183,10 +200,7 @@ def section_drafter(sh: Shapes, device: torch.device, peak: float) -> dict[str, 
     n_feat = sh.n_draft * sh.H
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     features = torch.randn(sh.B, sh.S, n_feat, device=device, dtype=dtype)
-    backend = "flex" if device.type == "cuda" else "sdpa"
-    settings = LossSettings(
-        backend=backend, block_size=sh.bs, gamma=7.0, chunk_blocks=128, topk=4, impl="fused"
-    )
+    settings = bench_settings(sh, device)
     flops = drafter_flops(sh, visible_pairs(blocks, sh))
     RESULTS["drafter_flops_per_step"] = flops
     out: dict[str, float] = {}
@@ -224,12 +238,7 @@ def _time_drafter(
     )
 
     def step() -> None:
-        ctx = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if device.type == "cuda"
-            else contextlib.nullcontext()
-        )
-        with ctx:
+        with autocast_for(device):
             loss = drafter_loss(model, blocks, features, settings).loss
         loss.backward()
         opt.step()
@@ -402,19 +411,15 @@ def section_stages(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
 
     assert SAMPLER is not None
     blocks = synthetic_blocks(sh, device)
-    backend = "flex" if device.type == "cuda" else "sdpa"
-    settings = LossSettings(
-        backend=backend, block_size=sh.bs, gamma=7.0, chunk_blocks=128, topk=4, impl="fused"
-    )
-    attach_mask(blocks, backend, sh.bs)
+    settings = bench_settings(sh, device)
+    attach_mask(blocks, settings.backend, sh.bs)
     features = target(blocks.batch.input_ids)
     model = make_drafter(sh, device, compiled=device.type == "cuda")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
 
     def drafter_step() -> None:
-        with ctx or contextlib.nullcontext():
+        with autocast_for(device):
             loss = drafter_loss(model, blocks, features, settings).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -423,7 +428,7 @@ def section_stages(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
 
     def target_step() -> None:
         target(blocks.batch.input_ids)
-        attach_mask(blocks, backend, sh.bs)
+        attach_mask(blocks, settings.backend, sh.bs)
 
     n_d = 4 if device.type == "cpu" else 60
     n_t = 4 if device.type == "cpu" else 70
@@ -496,7 +501,6 @@ def section_pipeline(
         info=info,
         layer_ids=list(target.layer_ids),
     )
-    backend = "flex" if device.type == "cuda" else "sdpa"
 
     class _Tok:
         pad_token_id = 0
@@ -518,9 +522,7 @@ def section_pipeline(
         samples=samples,
         batches_per_epoch=64,
         total_steps=steps,
-        settings=LossSettings(
-            backend=backend, block_size=sh.bs, gamma=7.0, chunk_blocks=128, topk=4, impl="fused"
-        ),
+        settings=bench_settings(sh, device),
     )
     state = RunState("bench", steps)
     t0 = time.perf_counter()

@@ -53,7 +53,7 @@ def tensors_in(obj: Any, depth: int = 0) -> list[Tensor]:
     and the tensors its mask_mod closes over (flex reads those inside the kernel)."""
     if isinstance(obj, Tensor):
         return [obj]
-    if depth > 4 or obj is None or isinstance(obj, (int, float, str, bool)):
+    if depth > 4 or obj is None or isinstance(obj, (int, float, str)):  # bool is an int
         return []
     found: list[Tensor] = []
     if isinstance(obj, (list, tuple)):
