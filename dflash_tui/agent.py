@@ -1277,7 +1277,7 @@ def code_hash_of(trainer_dir):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "_dflash_contract", os.path.join(trainer_dir, "contract.py")
+        "_dflash_contract", os.path.join(trainer_dir, "contract", "codehash.py")
     )
     if spec is None or spec.loader is None:
         raise CommandError("deploy: no trainer/contract.py in the archive")

@@ -17,7 +17,7 @@ from typing import Any
 import trainer
 from dflash_tui.link.link import Link
 from dflash_tui.link.transport import AGENT_SOURCE_PATH
-from trainer.contract import code_hash
+from trainer.contract.codehash import code_hash
 
 TRAINER_DIR = Path(trainer.__file__).resolve().parent
 Progress = Callable[[dict[str, Any]], None]

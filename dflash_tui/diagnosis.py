@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
-from trainer.contract import FINAL_PHASES
+from trainer.contract.phases import FINAL_PHASES
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 HEARTBEAT_MAX_INTERVAL_S = 2.0  # the contract: replaced every <= 2 s

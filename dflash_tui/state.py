@@ -7,6 +7,7 @@ feed it every event and redraw at its own pace, using `version` to skip idle red
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import deque
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract import parse_step_line
+from trainer.contract.steplines import parse_step_line
 
 ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P"}
 
@@ -142,8 +143,9 @@ class Store:
         if name == "train.log":
             self.log_lines.append(text)
             self.log_total += 1
-            parsed = parse_step_line(text)
-            if parsed is not None:
+            line = parse_step_line(text)
+            if line is not None:
+                parsed = dataclasses.asdict(line)
                 parsed["received"] = e.get("t")
                 self.step_lines.append(parsed)
                 self.last_step_line_at = float(e.get("t") or self.clock())

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import HEARTBEAT_SCHEMA
+from trainer.contract.heartbeat import SCHEMA_VERSION as HEARTBEAT_SCHEMA
 from trainer.fsutil import atomic_write_json
 from trainer.runstate import RunState
 

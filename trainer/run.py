@@ -20,7 +20,7 @@ import torch
 import trainer
 from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
 from trainer.config import Config, ConfigError
-from trainer.contract import code_hash
+from trainer.contract.codehash import code_hash
 from trainer.data import DataError
 from trainer.fsutil import atomic_write_json
 from trainer.heartbeat import Heartbeat

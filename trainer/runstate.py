@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract import PHASES
+from trainer.contract.phases import PHASES
 
 
 @dataclass

@@ -10,7 +10,7 @@ from monitor_helpers import NO_WANDB, TINY
 
 from dflash_tui.control import TRAINER_DIR, build_bundle
 from dflash_tui.link.link import LinkError
-from trainer.contract import code_hash
+from trainer.contract.codehash import code_hash
 
 
 def deploy(r):

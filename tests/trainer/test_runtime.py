@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from trainer.contract import PHASES, check_heartbeat, parse_step_line
+from trainer.contract.heartbeat import Heartbeat, parse_heartbeat
+from trainer.contract.phases import PHASES
+from trainer.contract.steplines import parse_step_line
 
 LONG = ("--max-steps", "100000", "--set", "train.log_every=1")
 PIPELINE_THREADS = {"prefetch-0", "prefetch-1", "target-0", "target-1", "drafter-0", "drafter-1"}
@@ -24,7 +26,7 @@ def test_phases_advance_and_the_heartbeat_stays_fresh(start_trainer):
     while time.monotonic() < deadline:
         hb = p.heartbeat()
         if hb:
-            check_heartbeat(hb)
+            assert isinstance(parse_heartbeat(hb), Heartbeat), parse_heartbeat(hb)
             if not seen or seen[-1] != hb["phase"]:
                 seen.append(hb["phase"])
             ages.append(time.time() - hb["now"])
@@ -70,7 +72,7 @@ def test_step_lines_reach_the_log_while_the_process_runs(start_trainer):
     assert p.proc.poll() is None
     lines = [ln for ln in (p.run_dir / "train.log").read_text().splitlines() if "step=" in ln]
     parsed = parse_step_line(lines[0])
-    assert parsed is not None and len(parsed["q_pre"]) == 2 and len(parsed["q_hs"]) == 2
+    assert parsed is not None and len(parsed.q_pre) == 2 and len(parsed.q_hs) == 2
     p.signal(signal.SIGTERM)
     assert p.wait() == 0
 
@@ -90,9 +92,9 @@ def test_metrics_and_heartbeat_agree(start_trainer):
     lines = [ln for ln in (p.run_dir / "train.log").read_text().splitlines() if "step=" in ln]
     for m, line in zip(metrics, lines, strict=True):
         fields = parse_step_line(line)
-        assert fields["step"] == m["step"]
-        assert fields["loss"] == pytest.approx(m["loss"], abs=5e-5)
-        assert fields["q_pre"] == m["q_pre"] and fields["q_hs"] == m["q_hs"]
+        assert fields is not None and fields.step == m["step"]
+        assert fields.loss == pytest.approx(m["loss"], abs=5e-5)
+        assert fields.q_pre == m["q_pre"] and fields.q_hs == m["q_hs"]
 
 
 def test_sigusr1_dumps_every_thread_without_disturbing_training(start_trainer):

@@ -1,0 +1,17 @@
+"""The run-dir contract between the trainer and the monitor, as code. Standard library only.
+
+Both halves import it; the agent carries it to the training host (dflash_tui/agent/bundle.py),
+so it must stay stdlib-only and run on Python >= 3.10. ARCHITECTURE.md ("The contract")
+describes the files and their versioning; each module here owns one part:
+
+  typed      records <-> JSON, the one validating decoder, `Unreadable`
+  phases     the phases in their real order, every visit and its duration
+  heartbeat  heartbeat.json (schema version, thread states)
+  records    launch.json, exit.json (and its one writer), metrics.jsonl rows, config.json
+  steplines  the step line: formatter and parser side by side
+  outcomes   finished / stopped / crashed / killed / died before start, settled once
+  comparable which earlier runs a run may be compared with
+  telemetry  telemetry.jsonl, the bounded heartbeat history
+  protocol   the agent's events and commands, with their client timeouts
+  codehash   the trainer's code hash
+"""

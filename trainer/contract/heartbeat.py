@@ -1,0 +1,249 @@
+"""heartbeat.json: what the trainer is doing right now, replaced atomically every <= 2 s.
+
+Written by the trainer's heartbeat thread (trainer/heartbeat.py) from these records, read by
+the agent and the monitor through `parse_heartbeat`/`read_heartbeat`. `now` (written by the
+heartbeat thread) and `last_step_at` (written by the training loop) are separate on purpose:
+a fresh `now` with an old `last_step_at` is a stuck loop, not a dead process.
+
+Schema history (ARCHITECTURE.md, "Versioning"):
+  1  the first contract (commit c119aa7 and before).
+  2  `stopped` is a final phase of its own (schema 1 said `finished` for a stopped run);
+     `target_load` (the span of the weight load that overlaps compiling), `last_checkpoint`,
+     `proc_start` (the trainer's start time in clock ticks, /proc/PID/stat field 22: with the
+     pid it names the process, whatever reuses the pid later).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.contract.phases import FINAL_PHASES, PHASES, PhaseVisit, current_visit
+from trainer.contract.typed import Invalid, Unreadable, decode, encode
+
+SCHEMA_VERSION = 2
+OLDEST_SCHEMA = 1  # the oldest heartbeat this reader understands
+MAX_HEARTBEAT_BYTES = 4 << 20  # a heartbeat is a few KB; anything this big is not one
+
+# Thread roles, and the states the pipeline writes while it blocks on a queue
+# (trainer/pipeline.py writes them, diagnosis reads them: one spelling).
+ROLES = ("main", "prefetch", "target", "drafter", "heartbeat", "probe")
+WAIT_PRE_FULL = "waiting: q_pre full"
+WAIT_PRE_EMPTY = "waiting: q_pre empty"
+WAIT_HS_EMPTY = "waiting: q_hs empty"
+WAIT_HS_FULL = "waiting: q_hs full"
+WAIT_REPLICAS = "waiting for replicas"
+
+
+@dataclasses.dataclass
+class PhaseProgress:
+    done: int = 0
+    total: int | None = None
+    unit: str = ""
+
+
+@dataclasses.dataclass
+class QueueDepth:
+    depth: int
+    capacity: int
+
+
+@dataclasses.dataclass
+class Queues:
+    q_pre: list[QueueDepth] = dataclasses.field(default_factory=list)  # one per target
+    q_hs: list[QueueDepth] = dataclasses.field(default_factory=list)  # one per drafter
+
+
+@dataclasses.dataclass
+class ThreadInfo:
+    name: str
+    role: str
+    device: str
+    state: str
+    since: float  # unix time the thread entered `state`
+    cpu_pct: float = 0.0
+
+
+@dataclasses.dataclass
+class DeviceMemory:
+    """Bytes; a CPU device reports the process RSS in all three sizes."""
+
+    allocated: int = 0
+    reserved: int = 0
+    peak: int = 0
+    alloc_retries: int = 0
+
+
+@dataclasses.dataclass
+class DeviceId:
+    """Matches a torch device to NVML's physical GPU whatever CUDA_VISIBLE_DEVICES did."""
+
+    uuid: str | None = None
+    name: str = ""
+
+
+@dataclasses.dataclass
+class CompileInfo:
+    graphs: int = 0
+    recompiles: int = 0  # graphs compiled after warm-up
+    warmup_s: float | None = None
+    cache_dir: str = ""
+    cache_hits: int | None = None  # Inductor and AOTAutograd on-disk caches, after warm-up
+    cache_misses: int | None = None  # misses = kernels generated
+    cache_bypasses: int | None = None
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)  # slowest stages, s
+    last_recompile: str | None = None  # which function recompiled, and the guard that failed
+
+
+@dataclasses.dataclass
+class GilProbe:
+    """How late a thread that sleeps `probe_sleep_ms` wakes up: GIL pressure."""
+
+    probe_sleep_ms: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    samples: int = 0
+
+
+@dataclasses.dataclass
+class WandbInfo:
+    mode: str = "disabled"  # offline | online | disabled | absent (not installed)
+    id: str | None = None
+    url: str | None = None
+
+
+@dataclasses.dataclass
+class ErrorInfo:
+    thread: str
+    message: str
+    traceback: str = ""
+
+
+@dataclasses.dataclass
+class Span:
+    started_at: float
+    ended_at: float | None = None  # None: still going
+
+    def seconds(self, now: float) -> float:
+        return max(0.0, (self.ended_at if self.ended_at is not None else now) - self.started_at)
+
+
+@dataclasses.dataclass
+class CheckpointInfo:
+    step: int
+    path: str  # relative to the run dir
+    at: float
+
+
+@dataclasses.dataclass
+class Heartbeat:
+    schema: int
+    run_id: str
+    pid: int
+    host: str
+    now: float  # unix time this heartbeat was written, by the heartbeat thread
+    phase: str
+    pgid: int = 0  # 0: not recorded (use pid)
+    started_at: float = 0.0
+    phase_started_at: float = 0.0
+    phase_progress: PhaseProgress | None = None
+    phase_history: list[PhaseVisit] = dataclasses.field(default_factory=list)  # oldest first
+    step: int = 0  # optimizer steps done
+    total_steps: int = 0
+    last_step_at: float | None = None  # written by the training loop
+    tok_s: float = 0.0  # over the last ~10 s of steps
+    tokens: int = 0
+    epoch: float = 0.0
+    queues: Queues = dataclasses.field(default_factory=Queues)
+    threads: list[ThreadInfo] = dataclasses.field(default_factory=list)
+    memory: dict[str, DeviceMemory] = dataclasses.field(default_factory=dict)
+    devices: dict[str, DeviceId] = dataclasses.field(default_factory=dict)
+    compile: CompileInfo = dataclasses.field(default_factory=CompileInfo)
+    code_sha256: str = ""
+    gil: GilProbe = dataclasses.field(default_factory=GilProbe)
+    wandb: WandbInfo | None = None  # None: a trainer that does not report wandb
+    error: ErrorInfo | None = None
+    exit_code: int | None = None  # set once the process decided how it will exit
+    # schema 2
+    target_load: Span | None = None
+    last_checkpoint: CheckpointInfo | None = None
+    proc_start: int | None = None
+
+    @property
+    def process_group(self) -> int:
+        return self.pgid or self.pid
+
+    @property
+    def final(self) -> bool:
+        return self.phase in FINAL_PHASES
+
+    @property
+    def newer_schema(self) -> bool:
+        """Written by a newer trainer: some fields may be missing from this view."""
+        return self.schema > SCHEMA_VERSION
+
+    @property
+    def visit(self) -> str | None:
+        """The visit key of the current phase ("loading_target#2" while waiting for weights)."""
+        return current_visit(self.phase_history)
+
+    def threads_of(self, role: str) -> list[ThreadInfo]:
+        return [t for t in self.threads if t.role == role]
+
+    def in_state_s(self, thread: ThreadInfo) -> float:
+        return max(0.0, self.now - thread.since)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = encode(self)
+        return data
+
+
+def upgrade_note(hb: Heartbeat) -> str | None:
+    """What a view says about a heartbeat from a newer trainer."""
+    if not hb.newer_schema:
+        return None
+    return f"heartbeat schema {hb.schema}: upgrade dflash-tui (this one reads {SCHEMA_VERSION})"
+
+
+def parse_heartbeat(data: Any, what: str = "heartbeat.json") -> Heartbeat | Unreadable:
+    """A heartbeat from parsed JSON, or why it is not one."""
+    if not isinstance(data, dict):
+        return Unreadable(what, f"not a JSON object ({type(data).__name__})")
+    schema = data.get("schema")
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema < OLDEST_SCHEMA:
+        return Unreadable(what, f"schema {schema!r}: not a dflash heartbeat this reader knows")
+    newer = schema > SCHEMA_VERSION
+    try:
+        hb = decode(Heartbeat, data, lenient=newer)
+    except Invalid as e:
+        note = f" (schema {schema}: upgrade dflash-tui)" if newer else ""
+        return Unreadable(what, f"{e}{note}")
+    if hb.phase not in PHASES and not newer:
+        return Unreadable(what, f"unknown phase {hb.phase!r}")
+    return hb
+
+
+def parse_heartbeat_text(raw: bytes | str, what: str = "heartbeat.json") -> Heartbeat | Unreadable:
+    if len(raw) > MAX_HEARTBEAT_BYTES:
+        return Unreadable(what, f"{len(raw)} bytes: too large for a heartbeat")
+    if not raw:
+        return Unreadable(what, "empty")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return Unreadable(what, f"not JSON ({str(e)[:200]})")
+    return parse_heartbeat(data, what)
+
+
+def read_heartbeat(path: str | Path) -> Heartbeat | Unreadable | None:
+    """The heartbeat in `path`; None when there is none (yet)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_HEARTBEAT_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return Unreadable(Path(path).name, e.strerror or str(e))
+    return parse_heartbeat_text(raw, Path(path).name)

@@ -1,0 +1,364 @@
+"""The agent's protocol: the events it streams and the commands it takes, as records.
+
+JSON lines both ways over one channel (the agent's stdout and stdin). Every event carries
+`type` and `t` (the agent's unix time); every command carries `cmd` and `id`, and is answered
+by exactly one `result` event with that id (`progress` events may come before it).
+
+The monitor decodes each event at the boundary (`decode_event`): a line that is not a known,
+well-formed event becomes an `Unreadable` value that is counted and dropped, never an
+exception in the link. The agent decodes each command the same way (`decode_command`).
+
+Client timeouts live here, next to the commands, so the CLI and the TUI (dflash_tui/control.py
+builds every command) cannot disagree on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from trainer.contract.comparable import RunSignature
+from trainer.contract.outcomes import Outcome
+from trainer.contract.records import ExitRecord
+from trainer.contract.typed import Invalid, Unreadable, decode, encode
+
+PROTOCOL_VERSION = 2
+MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
+TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
+FOLLOWED_FILES = ("train.log", "metrics.jsonl", "launch.log", "telemetry.jsonl")
+
+
+# -- events (agent -> monitor) -------------------------------------------------------------
+@dataclasses.dataclass(kw_only=True)
+class Event:
+    t: float = 0.0  # the agent's clock when it sent the event
+
+    @property
+    def type(self) -> str:
+        return EVENT_NAMES[type(self)]
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = encode(self)
+        data["type"] = self.type
+        return data
+
+
+@dataclasses.dataclass
+class Deployed:
+    sha256: str
+    release: str = ""
+    at: float = 0.0
+    bytes: int = 0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Hello(Event):
+    version: int
+    pid: int
+    host: str
+    python: str = ""
+    python_version: str = ""
+    run_root: str = ""
+    remote_dir: str = ""
+    gpu_backend: str = "none"  # nvml | nvidia-smi | none
+    gpu_reason: str = ""
+    pyspy: bool = False
+    deployed: Deployed | None = None
+
+
+@dataclasses.dataclass
+class GpuProcess:
+    pid: int
+    mem_used: int = 0
+    local: bool = True  # the pid exists in the agent's pid namespace
+
+
+@dataclasses.dataclass
+class GpuDevice:
+    index: int
+    uuid: str = ""
+    name: str = ""
+    mem_used: int = 0
+    mem_total: int = 0
+    util: int | None = None  # %
+    power_w: float | None = None
+    temp_c: int | None = None
+    processes: list[GpuProcess] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(kw_only=True)
+class GpuSample(Event):
+    backend: str  # nvml | nvidia-smi | none
+    devices: list[GpuDevice] = dataclasses.field(default_factory=list)
+    state: str | None = None  # None: a sample; "no_gpu" | "error": why there is none
+    reason: str = ""
+
+
+@dataclasses.dataclass
+class RunInfo:
+    """One run under the run root, as the runs list shows it."""
+
+    run_id: str
+    created: float = 0.0
+    name: str | None = None
+    phase: str | None = None
+    step: int | None = None
+    alive: bool = False
+    exit: ExitRecord | None = None
+    outcome: Outcome | None = None
+    best_tok_s: float | None = None
+    last_tok_s: float | None = None
+    steps: int = 0
+    error: str | None = None
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # visit key -> s
+    target_load_s: float | None = None  # the whole weight load (it overlaps compiling)
+    role_memory: dict[str, int] = dataclasses.field(default_factory=dict)  # role -> peak B
+    signature: RunSignature | None = None
+    schema: int | None = None  # the heartbeat's schema
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # files that were not
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunsEvent(Event):
+    runs: list[RunInfo] = dataclasses.field(default_factory=list)
+    alive_run: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class Follow(Event):
+    run_id: str | None
+    run_dir: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class HeartbeatEvent(Event):
+    run_id: str
+    data: Any  # the heartbeat as written; the store parses it (parse_heartbeat)
+
+
+@dataclasses.dataclass(kw_only=True)
+class HeartbeatError(Event):
+    run_id: str
+    error: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class Line(Event):
+    run_id: str
+    file: str
+    offset: int  # bytes [offset, end) of the file, without the newline
+    end: int
+    text: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class Truncated(Event):
+    run_id: str
+    file: str
+    size: int
+    reason: str  # replaced (reading restarts at 0) | truncated (at the new end)
+
+
+@dataclasses.dataclass(kw_only=True)
+class Liveness(Event):
+    run_id: str
+    alive: bool
+    pid: int | None = None
+    pgid: int | None = None
+    exit: ExitRecord | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class Progress(Event):
+    id: int | None = None
+    message: str
+
+
+@dataclasses.dataclass(kw_only=True)
+class Result(Event):
+    id: int | None = None
+    ok: bool
+    data: Any = None
+    error: str | None = None
+    traceback: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class Log(Event):
+    level: str
+    message: str
+
+
+EVENTS: dict[str, type[Event]] = {
+    "hello": Hello,
+    "gpu": GpuSample,
+    "runs": RunsEvent,
+    "follow": Follow,
+    "heartbeat": HeartbeatEvent,
+    "heartbeat_error": HeartbeatError,
+    "line": Line,
+    "truncated": Truncated,
+    "liveness": Liveness,
+    "progress": Progress,
+    "result": Result,
+    "log": Log,
+}
+EVENT_NAMES: dict[type, str] = {cls: name for name, cls in EVENTS.items()}
+
+
+def decode_event(data: Any) -> Event | Unreadable:
+    """An agent event from parsed JSON, or why it is not one."""
+    if not isinstance(data, dict):
+        return Unreadable("event", f"not a JSON object ({type(data).__name__})")
+    kind = data.get("type")
+    cls = EVENTS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        return Unreadable("event", f"unknown type {str(kind)[:40]!r}")
+    try:
+        return decode(cls, data, str(kind))
+    except Invalid as e:
+        return Unreadable(f"{kind} event", str(e))
+
+
+def decode_event_line(raw: bytes | str) -> Event | Unreadable:
+    if len(raw) > MAX_LINE_BYTES:
+        return Unreadable("event", f"a line of {len(raw)} bytes (at most {MAX_LINE_BYTES})")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return Unreadable("event", f"not JSON ({str(e)[:120]})")
+    return decode_event(data)
+
+
+# -- commands (monitor -> agent) -----------------------------------------------------------
+@dataclasses.dataclass(kw_only=True)
+class Command:
+    id: int = 0
+
+    @property
+    def name(self) -> str:
+        return COMMAND_NAMES[type(self)]
+
+    def client_timeout(self) -> float:
+        """Seconds the monitor waits for the result."""
+        return 60.0
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = encode(self)
+        data["cmd"] = self.name
+        return data
+
+
+@dataclasses.dataclass(kw_only=True)
+class Ping(Command):
+    def client_timeout(self) -> float:
+        return 5.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class FollowRun(Command):
+    run_id: str = "latest"  # or a run id; "latest" switches when a new run starts
+    offsets: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> next byte
+    offsets_run_id: str | None = None  # the run those offsets were read from
+
+    def client_timeout(self) -> float:
+        return 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class ListRuns(Command):
+    pass
+
+
+@dataclasses.dataclass(kw_only=True)
+class Launch(Command):
+    config_toml: str
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    name: str = "run"
+    start_timeout_s: float = 30.0
+
+    def client_timeout(self) -> float:
+        return self.start_timeout_s + 90.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Kill(Command):
+    run_id: str | None = None  # None: the alive run
+    timeout_s: float = 60.0  # SIGTERM -> SIGKILL
+    drain_timeout_s: float = 120.0  # waiting for GPU memory to be released
+
+    def client_timeout(self) -> float:
+        return self.timeout_s + self.drain_timeout_s + 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Restart(Kill):
+    start_timeout_s: float = 30.0
+
+    def client_timeout(self) -> float:
+        # A restart also waits for the new run's first heartbeat.
+        return super().client_timeout() + self.start_timeout_s + 120.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class DumpStacks(Command):
+    run_id: str | None = None
+    pyspy: bool = True
+    timeout_s: float = 5.0  # for the trainer to write its dump
+
+    def client_timeout(self) -> float:
+        return self.timeout_s + 55.0  # py-spy may take a while on a busy process
+
+
+@dataclasses.dataclass(kw_only=True)
+class ClearCompileCache(Command):
+    def client_timeout(self) -> float:
+        return 120.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class Deploy(Command):
+    tar_b64: str
+    sha256: str
+
+    def client_timeout(self) -> float:
+        return 120.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class ReadFile(Command):
+    run_id: str | None = None  # None: the followed run
+    name: str
+    tail_bytes: int = 1 << 20
+
+
+COMMANDS: dict[str, type[Command]] = {
+    "ping": Ping,
+    "follow": FollowRun,
+    "list_runs": ListRuns,
+    "launch": Launch,
+    "kill": Kill,
+    "restart": Restart,
+    "dump_stacks": DumpStacks,
+    "clear_compile_cache": ClearCompileCache,
+    "deploy": Deploy,
+    "read_file": ReadFile,
+}
+COMMAND_NAMES: dict[type, str] = {cls: name for name, cls in COMMANDS.items()}
+# Answered inline by the agent's loop; the others run on a thread of their own so that a
+# kill that waits a minute never stalls the stream.
+QUICK_COMMANDS = ("ping", "follow", "list_runs", "read_file")
+
+
+def decode_command(data: Any) -> Command | Unreadable:
+    if not isinstance(data, dict):
+        return Unreadable("command", f"not a JSON object ({type(data).__name__})")
+    name = data.get("cmd")
+    cls = COMMANDS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        return Unreadable("command", f"unknown command {str(name)[:40]!r}")
+    try:
+        return decode(cls, data, str(name))
+    except Invalid as e:
+        return Unreadable(f"{name} command", str(e))

@@ -1,0 +1,173 @@
+"""The run dir's other files as records: launch.json, exit.json, metrics.jsonl rows, config.json.
+
+Each has one validating reader that returns the record, `Unreadable` (torn, foreign, hostile)
+or None (not there). exit.json has one writer, `write_exit`: the launcher wrapper and the
+agent both call it, so every exit record has the same fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainer.contract.heartbeat import DeviceMemory
+from trainer.contract.typed import Invalid, Unreadable, decode, encode
+
+# File names of a run dir (RUN_ROOT/<run_id>/).
+CONFIG = "config.json"  # the resolved config, written first by the trainer
+LAUNCH = "launch.json"  # written by the agent when it launches a run (absent for a run by hand)
+LAUNCH_LOG = "launch.log"  # the launcher wrapper's own output
+LAUNCH_CONFIG = "launch-config.toml"  # the config text a launch shipped (restart reuses it)
+TRAIN_LOG = "train.log"
+METRICS = "metrics.jsonl"
+HEARTBEAT = "heartbeat.json"
+TELEMETRY = "telemetry.jsonl"  # heartbeat history (trainer/contract/telemetry.py)
+EXIT = "exit.json"  # written by the launcher wrapper when the trainer exits
+CHECKPOINTS = "checkpoints"
+RUN_FILES = (CONFIG, LAUNCH)  # a folder with either is a run (a run that died at start has
+# only launch.json, launch.log and exit.json)
+
+MAX_RECORD_BYTES = 4 << 20
+
+R = TypeVar("R")
+
+
+@dataclasses.dataclass
+class LaunchRecord:
+    run_id: str
+    argv: list[str] = dataclasses.field(default_factory=list)
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    name: str = "run"
+    python: str = ""
+    release: str = ""
+    launched_at: float = 0.0
+    agent_pid: int | None = None
+    # Added by the wrapper once the trainer started:
+    pid: int | None = None
+    pgid: int | None = None
+    wrapper_pid: int | None = None
+    started_at: float | None = None
+    proc_start: int | None = None  # the trainer's start time, clock ticks (/proc/PID/stat 22)
+
+
+@dataclasses.dataclass
+class ExitRecord:
+    run_id: str
+    exit_code: int | None = None  # None when a signal ended it
+    signal: str | None = None  # "SIGKILL", …
+    error: str | None = None  # the trainer's error message, or why it could not start
+    started_at: float | None = None
+    ended_at: float | None = None
+    final_phase: str | None = None  # the last heartbeat's phase
+    step: int | None = None  # the last heartbeat's step
+    total_steps: int | None = None  # … of how many (schema 2)
+    checkpoint: str | None = None  # the last checkpoint, relative to the run dir (schema 2)
+
+
+@dataclasses.dataclass
+class MetricsRow:
+    """One line of metrics.jsonl: every step-line field at full precision, and more."""
+
+    step: int
+    time: float = 0.0  # unix time it was logged
+    elapsed_s: float = 0.0
+    loss: float = float("nan")
+    acc: float = 0.0
+    streak: float = 0.0
+    lr: float = 0.0
+    noise: float = 0.0
+    tgt_bps: float = 0.0
+    dft_bps: float = 0.0
+    tok_s: float = 0.0
+    q_pre: list[int] = dataclasses.field(default_factory=list)
+    q_hs: list[int] = dataclasses.field(default_factory=list)
+    epoch: float = 0.0
+    eta_s: float | None = None
+    topk: float = 0.0
+    tokens: int = 0
+    memory: dict[str, DeviceMemory] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = encode(self)
+        return data
+
+
+def _load(raw: bytes | str, cls: type[R], what: str) -> R | Unreadable:
+    if len(raw) > MAX_RECORD_BYTES:
+        return Unreadable(what, f"{len(raw)} bytes: too large")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return Unreadable(what, f"not JSON ({str(e)[:200]})")
+    try:
+        return decode(cls, data)
+    except Invalid as e:
+        return Unreadable(what, str(e))
+
+
+def _read(path: str | Path, cls: type[R]) -> R | Unreadable | None:
+    name = Path(path).name
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return Unreadable(name, e.strerror or str(e))
+    return _load(raw, cls, name)
+
+
+def read_launch(run_dir: str | Path) -> LaunchRecord | Unreadable | None:
+    return _read(Path(run_dir) / LAUNCH, LaunchRecord)
+
+
+def read_exit(run_dir: str | Path) -> ExitRecord | Unreadable | None:
+    return _read(Path(run_dir) / EXIT, ExitRecord)
+
+
+def parse_metrics_line(text: str) -> MetricsRow | Unreadable:
+    return _load(text, MetricsRow, METRICS)
+
+
+def read_config(run_dir: str | Path) -> dict[str, Any] | Unreadable | None:
+    """config.json as a dict of sections (its keys are the trainer's Config; `comparable`
+    reads the ones it needs through `signature_of`)."""
+    path = Path(run_dir) / CONFIG
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return Unreadable(CONFIG, e.strerror or str(e))
+    if len(raw) > MAX_RECORD_BYTES:
+        return Unreadable(CONFIG, f"{len(raw)} bytes: too large")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return Unreadable(CONFIG, f"not JSON ({str(e)[:200]})")
+    if not isinstance(data, dict):
+        return Unreadable(CONFIG, f"not a JSON object ({type(data).__name__})")
+    return data
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Temp file + rename: a reader never sees half a file."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_exit(run_dir: str | Path, record: ExitRecord) -> None:
+    """The one writer of exit.json."""
+    write_json_atomic(Path(run_dir) / EXIT, encode(record))
+
+
+def write_launch(run_dir: str | Path, record: LaunchRecord) -> None:
+    write_json_atomic(Path(run_dir) / LAUNCH, encode(record))
