@@ -20,7 +20,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.contract.phases import FINAL_PHASES, PHASES, PhaseVisit, current_visit
+from trainer.contract.phases import (
+    FINAL_PHASES,
+    LOADING_TARGET,
+    PHASES,
+    TARGET_WAIT,
+    PhaseVisit,
+    current_visit,
+    phase_spans,
+)
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
 SCHEMA_VERSION = 2
@@ -194,6 +202,31 @@ class Heartbeat:
 
     def in_state_s(self, thread: ThreadInfo) -> float:
         return max(0.0, self.now - thread.since)
+
+    def role_peaks(self) -> dict[str, int]:
+        """{role: the largest peak bytes over that role's devices}: what a healthy run of
+        this shape needs per role (the runs list carries it; `expected memory` reads it)."""
+        peaks = {dev: mem.peak or mem.reserved for dev, mem in self.memory.items()}
+        out: dict[str, int] = {}
+        for t in self.threads:
+            if t.role in ("target", "drafter") and t.device in peaks:
+                out[t.role] = max(out.get(t.role, 0), peaks[t.device])
+        return out
+
+    def target_load_s(self) -> float | None:
+        """How long the target's weights took to load, start to end; None while loading or
+        when unknown. Schema 1 has no `target_load`: its span runs from the first
+        loading_target visit to the end of the wait, when there was a wait."""
+        if self.target_load is not None:
+            if self.target_load.ended_at is None:
+                return None
+            return self.target_load.seconds(self.now)
+        spans = phase_spans(self.phase_history)
+        first = next((s for s in spans if s.key == LOADING_TARGET), None)
+        wait = next((s for s in spans if s.key == TARGET_WAIT), None)
+        if first is None or wait is None or wait.ended_at is None:
+            return None
+        return wait.ended_at - first.started_at
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
