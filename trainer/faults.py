@@ -1,32 +1,95 @@
-"""Failure injection for tests and drills: DFLASH_FAULT="role:n" raises in that thread role.
+"""Failure injection for tests, drills and the scenario recorder: DFLASH_FAULT.
 
-Roles: prefetch, target, drafter. n counts the items that role has handled (from 0). The
-failure travels the real path: the thread raises, the run stops, the traceback lands in the
-heartbeat, the process exits non-zero.
+A comma-separated list of faults, each travelling the real path (the real thread raises,
+blocks or slows down; the real process dies):
+
+  ROLE:N               raise in thread role ROLE (prefetch, target, drafter) at its item N
+  hang:ROLE:N          ROLE's thread blocks forever at its item N (a stuck loop: the
+                       heartbeat stays fresh, the steps stop)
+  nan:N                the drafter loss is NaN from optimizer step N on
+  slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
+                       drafter), or once: load_target (the weight load), data (tokenising)
+  sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
+  stall_checkpoint:S   every checkpoint save takes S seconds longer
+
+N counts the items that role has handled (from 0), or optimizer steps for nan and sigkill.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import threading
+import time
+
+ROLES = ("prefetch", "target", "drafter")
+STAGES = (*ROLES, "load_target", "data")
+GRAMMAR = "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
 
 
 class InjectedFault(RuntimeError):
     pass
 
 
-def parse_fault(spec: str | None) -> tuple[str, int] | None:
-    if not spec:
-        return None
-    role, _, n = spec.partition(":")
-    if role not in ("prefetch", "target", "drafter") or not n.isdigit():
-        raise ValueError(f"DFLASH_FAULT={spec!r}: expected prefetch|target|drafter:N")
-    return role, int(n)
+def _number(spec: str, text: str, cast: type[int] | type[float]) -> float:
+    try:
+        value = cast(text)
+    except ValueError:
+        raise ValueError(f"DFLASH_FAULT={spec!r}: {text!r} is not a number ({GRAMMAR})") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"DFLASH_FAULT={spec!r}: {text!r} must be a finite number >= 0")
+    return value
 
 
 class FaultPlan:
     def __init__(self, spec: str | None = None) -> None:
-        self.fault = parse_fault(spec if spec is not None else os.environ.get("DFLASH_FAULT"))
+        spec = os.environ.get("DFLASH_FAULT", "") if spec is None else spec
+        self.raise_at: dict[str, int] = {}
+        self.hang_at: dict[str, int] = {}
+        self.slow: dict[str, float] = {}
+        self.nan_from: int | None = None
+        self.sigkill_after: int | None = None
+        self.checkpoint_stall_s = 0.0
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            self._add(spec, part.split(":"))
+
+    def _add(self, spec: str, f: list[str]) -> None:
+        if len(f) == 2 and f[0] in ROLES:
+            self.raise_at[f[0]] = int(_number(spec, f[1], int))
+        elif len(f) == 3 and f[0] == "hang" and f[1] in ROLES:
+            self.hang_at[f[1]] = int(_number(spec, f[2], int))
+        elif len(f) == 3 and f[0] == "slow" and f[1] in STAGES:
+            self.slow[f[1]] = _number(spec, f[2], float)
+        elif len(f) == 2 and f[0] == "nan":
+            self.nan_from = int(_number(spec, f[1], int))
+        elif len(f) == 2 and f[0] == "sigkill":
+            self.sigkill_after = int(_number(spec, f[1], int))
+        elif len(f) == 2 and f[0] == "stall_checkpoint":
+            self.checkpoint_stall_s = _number(spec, f[1], float)
+        else:
+            raise ValueError(f"DFLASH_FAULT={spec!r}: {':'.join(f)!r} is not {GRAMMAR}")
 
     def check(self, role: str, item: int) -> None:
-        if self.fault == (role, item):
+        """Called by each role's thread per item, before its work."""
+        if self.slow.get(role):
+            time.sleep(self.slow[role])
+        if self.hang_at.get(role) == item:
+            threading.Event().wait()  # forever: the thread is stuck, the process lives
+        if self.raise_at.get(role) == item:
             raise InjectedFault(f"injected fault in {role} at item {item} (DFLASH_FAULT)")
+
+    def slow_s(self, stage: str) -> float:
+        return self.slow.get(stage, 0.0)
+
+    def poison_loss(self, step: int) -> bool:
+        """Whether the drafter loss of optimizer step `step` is to be NaN."""
+        return self.nan_from is not None and step >= self.nan_from
+
+    def after_step(self, step: int) -> None:
+        if self.sigkill_after is not None and step >= self.sigkill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def stall_checkpoint(self) -> None:
+        if self.checkpoint_stall_s:
+            time.sleep(self.checkpoint_stall_s)

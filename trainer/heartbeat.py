@@ -13,15 +13,24 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from trainer.contract.heartbeat import SCHEMA_VERSION as HEARTBEAT_SCHEMA
+from trainer.contract.heartbeat import (
+    SCHEMA_VERSION,
+    DeviceId,
+    DeviceMemory,
+    GilProbe,
+    Heartbeat,
+    Queues,
+)
+from trainer.contract.records import HEARTBEAT, TELEMETRY
+from trainer.contract.telemetry import TelemetryWriter
 from trainer.fsutil import atomic_write_json
 from trainer.runstate import RunState
 
 
-class GilProbe(threading.Thread):
+class GilProbeThread(threading.Thread):
     """Sleeps `sleep_s` in a loop and records how late it wakes.
 
     A thread waking from sleep must take the GIL back; when other threads hold it (Python
@@ -44,25 +53,20 @@ class GilProbe(threading.Thread):
             with self._lock:
                 self._late.append(max(0.0, late))
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self) -> GilProbe:
         with self._lock:
             samples = list(self._late)
             self._late.clear()
         if not samples:
-            return {
-                "probe_sleep_ms": self.sleep_s * 1e3,
-                "p50_ms": 0.0,
-                "p99_ms": 0.0,
-                "samples": 0,
-            }
+            return GilProbe(probe_sleep_ms=self.sleep_s * 1e3)
         samples.sort()
         p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
-        return {
-            "probe_sleep_ms": self.sleep_s * 1e3,
-            "p50_ms": statistics.median(samples) * 1e3,
-            "p99_ms": p99 * 1e3,
-            "samples": len(samples),
-        }
+        return GilProbe(
+            probe_sleep_ms=self.sleep_s * 1e3,
+            p50_ms=statistics.median(samples) * 1e3,
+            p99_ms=p99 * 1e3,
+            samples=len(samples),
+        )
 
 
 class ThreadCpu:
@@ -105,22 +109,45 @@ class ThreadCpu:
         return out
 
 
-class Heartbeat(threading.Thread):
+def proc_start_ticks(pid: int | str = "self") -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the
+    pid it names one process, whatever reuses the pid after it exits."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class LiveFields:
+    """What only the pipeline and the devices know: filled by the run on each beat."""
+
+    queues: Queues = field(default_factory=Queues)
+    memory: dict[str, DeviceMemory] = field(default_factory=dict)
+    devices: dict[str, DeviceId] = field(default_factory=dict)
+
+
+class HeartbeatWriter(threading.Thread):
     def __init__(
         self,
-        path: Path,
+        run_dir: Path,
         state: RunState,
         stop: threading.Event,
         interval_s: float,
-        static: dict[str, Any],
-        collect: Callable[[], dict[str, Any]],
+        code_sha256: str,
+        collect: Callable[[], LiveFields],
     ) -> None:
-        """`static`: fields fixed for the run; `collect`: live fields (queues, memory)."""
+        """`collect`: the live fields (queues, memory, devices), asked on every beat."""
         super().__init__(name="heartbeat", daemon=True)
-        self.path, self.state, self.stop, self.interval_s = path, state, stop, interval_s
-        self.static, self.collect = static, collect
-        self.gil = GilProbe(state, stop)
+        self.path = run_dir / HEARTBEAT
+        self.state, self.stop, self.interval_s = state, stop, interval_s
+        self.code_sha256, self.collect = code_sha256, collect
+        self.telemetry = TelemetryWriter(run_dir / TELEMETRY)
+        self.gil = GilProbeThread(state, stop)
         self.cpu = ThreadCpu()
+        self.pid, self.pgid, self.host = os.getpid(), os.getpgid(0), socket.gethostname()
+        self.proc_start = proc_start_ticks()
         self._write_lock = threading.Lock()
         self._poke = threading.Event()
         state.on_phase = self._poke.set  # a phase change is written at once, not up to 2 s late
@@ -142,26 +169,56 @@ class Heartbeat(threading.Thread):
             except Exception as e:  # a heartbeat failure must not kill training
                 print(f"heartbeat: write failed: {e}", flush=True)
 
-    def write(self) -> dict[str, Any]:
-        """Build and write one heartbeat (also called directly for the final one)."""
+    def build(self) -> Heartbeat:
+        snap = self.state.snapshot()
+        cpu = self.cpu.sample()
+        natives = {t.ident: t.native_id for t in threading.enumerate()}
+        threads = []
+        for ident, info in snap.threads:
+            native = natives.get(ident)
+            info.cpu_pct = round(cpu.get(native, 0.0), 1) if native else 0.0
+            threads.append(info)
+        live = self.collect()
+        return Heartbeat(
+            schema=SCHEMA_VERSION,
+            run_id=snap.run_id,
+            pid=self.pid,
+            pgid=self.pgid,
+            host=self.host,
+            now=time.time(),
+            started_at=snap.started_at,
+            phase=snap.phase,
+            phase_started_at=snap.phase_started_at,
+            phase_progress=snap.phase_progress,
+            phase_history=snap.phase_history,
+            step=snap.step,
+            total_steps=snap.total_steps,
+            last_step_at=snap.last_step_at,
+            tok_s=snap.tok_s,
+            tokens=snap.tokens,
+            epoch=snap.epoch,
+            queues=live.queues,
+            threads=threads,
+            memory=live.memory,
+            devices=live.devices,
+            compile=snap.compile,
+            code_sha256=self.code_sha256,
+            gil=self.gil.drain(),
+            wandb=snap.wandb,
+            error=snap.error,
+            exit_code=snap.exit_code,
+            target_load=snap.target_load,
+            last_checkpoint=snap.last_checkpoint,
+            proc_start=self.proc_start,
+        )
+
+    def write(self, final: bool = False) -> Heartbeat:
+        """Build and write one heartbeat (also called directly for the first and the final
+        one); every TELEMETRY_INTERVAL_S, and always for a final one, the history too."""
         with self._write_lock:
-            snap = self.state.snapshot()
-            cpu = self.cpu.sample()
-            idents = {t.ident: t.native_id for t in threading.enumerate()}
-            for t in snap["threads"]:
-                native = idents.get(t.pop("ident"))
-                t["cpu_pct"] = round(cpu.get(native, 0.0), 1) if native else 0.0
-            beat = {
-                "schema": HEARTBEAT_SCHEMA,
-                "pid": os.getpid(),
-                "pgid": os.getpgid(0),
-                "host": socket.gethostname(),
-                **self.static,
-                **snap,
-                **self.collect(),
-                "gil": self.gil.drain(),
-                "now": time.time(),
-            }
+            beat = self.build()
+            data = beat.to_json()
             # No fsync: it is rewritten every interval; os.replace alone keeps it whole.
-            atomic_write_json(self.path, beat, durable=False)
+            atomic_write_json(self.path, data, durable=False)
+            self.telemetry.append(data, force=final)
             return beat

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
+
+from trainer.contract.heartbeat import DeviceMemory
 
 
 def _rss_bytes() -> int:
@@ -16,19 +17,19 @@ def _rss_bytes() -> int:
         return 0
 
 
-def device_memory(devices: list[torch.device]) -> dict[str, dict[str, Any]]:
-    """{device: {allocated, reserved, peak, alloc_retries}} in bytes; CPU reports process RSS."""
-    out: dict[str, dict[str, Any]] = {}
+def device_memory(devices: list[torch.device]) -> dict[str, DeviceMemory]:
+    """Bytes per device, as the heartbeat and metrics report them; CPU reports process RSS."""
+    out: dict[str, DeviceMemory] = {}
     for dev in devices:
         if dev.type == "cuda":
             s = torch.cuda.memory_stats(dev)
-            out[str(dev)] = {
-                "allocated": s.get("allocated_bytes.all.current", 0),
-                "reserved": s.get("reserved_bytes.all.current", 0),
-                "peak": s.get("allocated_bytes.all.peak", 0),
-                "alloc_retries": s.get("num_alloc_retries", 0),
-            }
+            out[str(dev)] = DeviceMemory(
+                allocated=int(s.get("allocated_bytes.all.current", 0)),
+                reserved=int(s.get("reserved_bytes.all.current", 0)),
+                peak=int(s.get("allocated_bytes.all.peak", 0)),
+                alloc_retries=int(s.get("num_alloc_retries", 0)),
+            )
         else:
             rss = _rss_bytes()
-            out[str(dev)] = {"allocated": rss, "reserved": rss, "peak": rss, "alloc_retries": 0}
+            out[str(dev)] = DeviceMemory(allocated=rss, reserved=rss, peak=rss)
     return out

@@ -29,6 +29,17 @@ import torch
 from torch import Tensor
 
 from trainer.checkpoint import TrainPosition
+from trainer.contract.heartbeat import (
+    WAIT_HS_EMPTY,
+    WAIT_HS_FULL,
+    WAIT_PRE_EMPTY,
+    WAIT_PRE_FULL,
+    WAIT_REPLICAS,
+    QueueDepth,
+    Queues,
+)
+from trainer.contract.phases import CHECKPOINTING, TRAINING
+from trainer.contract.records import MetricsRow
 from trainer.data import collate, epoch_batches, pick_bucket
 from trainer.faults import FaultPlan
 from trainer.loss import STAT_NAMES, LossOutput
@@ -37,7 +48,7 @@ from trainer.optim import lr_at, noise_at, set_lr
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
 from trainer.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
-from trainer.steplog import RunLog, StepRecord
+from trainer.steplog import RunLog
 from trainer.transfer import hand_over, send, wait_ready
 
 _POLL_S = 0.1  # how often a blocked thread looks up to see whether the run is ending
@@ -129,7 +140,7 @@ class Pipeline:
                     raise Aborted from None
 
     def _barrier_wait(self) -> None:
-        self.state.thread_state("waiting for replicas")
+        self.state.thread_state(WAIT_REPLICAS)
         while True:
             try:
                 self.barrier.wait(timeout=_POLL_S * 10)
@@ -186,7 +197,7 @@ class Pipeline:
             blocks = self.make_batch(g)
             if pin:
                 blocks = _pin(blocks)
-            self._put(self.q_pre[t], blocks, "waiting: q_pre full")
+            self._put(self.q_pre[t], blocks, WAIT_PRE_FULL)
             n += 1
         self.state.thread_state("done")
 
@@ -202,7 +213,7 @@ class Pipeline:
     def _target_loop(self, t: int, dev: torch.device, side: torch.cuda.Stream | None) -> None:
         features_of = self.run.targets[dev].features
         for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
-            blocks: BlockBatch = self._get(self.q_pre[t], "waiting: q_pre empty")
+            blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
             self.state.thread_state("forward")
             self.faults.check("target", n)
             on_dev = blocks.to(dev, non_blocking=True)
@@ -219,7 +230,7 @@ class Pipeline:
                 item.ready = hand_over((item.blocks, item.features), side, dst)
             with self._count_lock:
                 self._target_batches += 1
-            self._put(self.q_hs[t][r], item, "waiting: q_hs full")
+            self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
 
     def _drafter(self, r: int) -> None:
         run, cfg = self.run, self.cfg
@@ -229,7 +240,7 @@ class Pipeline:
         for n, s in enumerate(range(self.s0, run.total_steps)):
             g = self.g0 + (s - self.s0) * self.D + r
             t = (g - self.g0) % self.T
-            item: FeatureItem = self._get(self.q_hs[t][r], "waiting: q_hs empty")
+            item: FeatureItem = self._get(self.q_hs[t][r], WAIT_HS_EMPTY)
             assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
             wait_ready(item.ready, dev)
             self.state.thread_state("forward")
@@ -240,6 +251,8 @@ class Pipeline:
                 gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
             with autocast_for(dev):
                 out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
+            if self.faults.poison_loss(s):  # DFLASH_FAULT=nan:N, as a diverged run does
+                out.loss = out.loss * float("nan")
             self.state.thread_state("backward")
             out.loss.backward()
             self.outs[r] = out
@@ -272,40 +285,40 @@ class Pipeline:
         epoch = p.batches / max(1, run.batches_per_epoch)
         self.state.record_step(p.step, p.tokens, epoch)
         if p.step == self.s0 + 1:
-            self.state.set_phase("training")
+            self.state.set_phase(TRAINING)
         self._window.add([o for o in self.outs if o is not None], tokens)
         self.outs = [None] * self.D
         last = p.step >= run.total_steps
         if p.step % cfg.train.log_every == 0 or last:
             self._log_step()
         if cfg.train.checkpoint_every and p.step % cfg.train.checkpoint_every == 0 and not last:
-            self.state.set_phase("checkpointing")
+            self.state.set_phase(CHECKPOINTING)
             self.state.thread_state("checkpoint")
             self.save_checkpoint(self.position)
-            self.state.set_phase("training")
+            self.state.set_phase(TRAINING)
         if self.stop_request.is_set() and not last:
             self.stopped_early = True
             self._finish = True
+        self.faults.after_step(p.step)  # DFLASH_FAULT=sigkill:N
 
     def _log_step(self) -> None:
-        rec = self._window.record()
-        self.log.record(rec, time.time())
-        self.on_metrics(rec.to_json(time.time()), rec.step)
+        row = self._window.record()
+        self.log.record(row)
+        self.on_metrics(row.to_json(), row.step)
         self._window = _Window(self)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def queue_depths(self) -> dict[str, list[dict[str, int]]]:
+    def queue_depths(self) -> Queues:
         rt = self.cfg.runtime
-        return {
-            "q_pre": [{"depth": q.qsize(), "capacity": rt.q_pre_size} for q in self.q_pre],
-            "q_hs": [
-                {
-                    "depth": sum(self.q_hs[t][r].qsize() for t in range(self.T)),
-                    "capacity": rt.q_hs_size * self.T,
-                }
+        return Queues(
+            q_pre=[QueueDepth(q.qsize(), rt.q_pre_size) for q in self.q_pre],
+            q_hs=[
+                QueueDepth(
+                    sum(self.q_hs[t][r].qsize() for t in range(self.T)), rt.q_hs_size * self.T
+                )
                 for r in range(self.D)
             ],
-        }
+        )
 
     def _spawn(self, name: str, role: str, device: str, fn: Callable[[], None]) -> threading.Thread:
         def body() -> None:
@@ -385,7 +398,7 @@ class _Window:
         self.loss = loss if self.loss is None else self.loss + loss
         self.stats = stats if self.stats is None else self.stats + stats
 
-    def record(self) -> StepRecord:
+    def record(self) -> MetricsRow:
         pipe = self.pipe
         run, p = pipe.run, pipe.position
         dt = max(time.monotonic() - self.t0, 1e-9)
@@ -399,8 +412,10 @@ class _Window:
         step_rate = self.steps / dt
         eta = (run.total_steps - p.step) / step_rate if step_rate > 0 else None
         queues = pipe.queue_depths()
-        return StepRecord(
-            elapsed_s=time.time() - pipe.state.started_at,
+        now = time.time()
+        return MetricsRow(
+            time=now,
+            elapsed_s=now - pipe.state.started_at,
             step=p.step,
             loss=mean["loss"],
             acc=mean["acc"],
@@ -410,13 +425,11 @@ class _Window:
             tgt_bps=tgt / dt,
             dft_bps=self.steps * pipe.D / dt,
             tok_s=self.tokens / dt,
-            q_pre=[q["depth"] for q in queues["q_pre"]],
-            q_hs=[q["depth"] for q in queues["q_hs"]],
+            q_pre=[q.depth for q in queues.q_pre],
+            q_hs=[q.depth for q in queues.q_hs],
             epoch=p.batches / max(1, run.batches_per_epoch),
             eta_s=eta,
-            extra={
-                "topk": mean["topk"],
-                "tokens": p.tokens,
-                "memory": device_memory(run.devices),
-            },
+            topk=mean["topk"],
+            tokens=p.tokens,
+            memory=device_memory(run.devices),
         )

@@ -1,8 +1,10 @@
 """One training run, start to exit code, reporting through its run dir all the way.
 
-starting -> loading_data -> loading_target -> compiling -> warmup -> training
-         -> (checkpointing) -> stopping -> finished         exit 0
-any failure, in any thread                    -> crashed    exit 1 (bad input: 2)
+starting -> loading_data -> loading_target -> compiling -> [loading_target] -> warmup
+         -> training (<-> checkpointing) -> stopping -> checkpointing -> finished   exit 0
+SIGTERM/SIGINT before the last step: ... -> stopping -> checkpointing -> stopped     exit 0
+any failure, in any thread                                          -> crashed    exit 1
+(bad input: 2). The phases are the contract's (trainer/contract/phases.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,20 @@ import trainer
 from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
 from trainer.config import Config, ConfigError
 from trainer.contract.codehash import code_hash
+from trainer.contract.heartbeat import DeviceId, ErrorInfo, WandbInfo
+from trainer.contract.phases import (
+    CHECKPOINTING,
+    CRASHED,
+    FINISHED,
+    LOADING_TARGET,
+    STOPPED,
+    STOPPING,
+    WARMUP,
+)
 from trainer.data import DataError
+from trainer.faults import FaultPlan
 from trainer.fsutil import atomic_write_json
-from trainer.heartbeat import Heartbeat
+from trainer.heartbeat import HeartbeatWriter, LiveFields
 from trainer.memory import device_memory
 from trainer.runstate import RunState
 from trainer.signals import SignalHandlers
@@ -51,60 +64,61 @@ class Run:
     def __init__(self, cfg: Config, run_dir: Path, meta: dict[str, Any]) -> None:
         self.cfg, self.run_dir, self.meta = cfg, run_dir, meta
         self.state = RunState(run_dir.name)
+        self.faults = FaultPlan("")  # the real plan is read in _execute: bad input exits 2
         self.log = RunLog(run_dir)
         self.stop_request = threading.Event()
         self.pipeline: Any = None
         self.setup: Any = None
         self.graphs_after_warmup: int | None = None
-        self._devices: dict[str, dict[str, Any]] | None = None
+        self._devices: dict[str, DeviceId] | None = None
         self.hb_stop = threading.Event()
-        self.heartbeat = Heartbeat(
-            run_dir / "heartbeat.json",
+        self.heartbeat = HeartbeatWriter(
+            run_dir,
             self.state,
             self.hb_stop,
             cfg.runtime.heartbeat_interval,
-            static={"code_sha256": code_hash(Path(trainer.__file__).parent)},
+            code_sha256=code_hash(Path(trainer.__file__).parent),
             collect=self._live_fields,
         )
 
     # -- heartbeat fields that need the pipeline -------------------------------------
-    def _live_fields(self) -> dict[str, Any]:
+    def _live_fields(self) -> LiveFields:
         from trainer.warmup import graphs_compiled
 
-        out: dict[str, Any] = {"queues": {"q_pre": [], "q_hs": []}, "memory": {}}
+        out = LiveFields()
         if self.pipeline is not None:
-            out["queues"] = self.pipeline.queue_depths()
+            out.queues = self.pipeline.queue_depths()
         if self.setup is not None:
-            out["memory"] = device_memory(self.setup.devices)
-            out["devices"] = self._device_ids()
+            out.memory = device_memory(self.setup.devices)
+            out.devices = self._device_ids()
             if self.graphs_after_warmup is not None:
                 graphs = graphs_compiled()
-                self.state.compile.update(
-                    graphs=graphs, recompiles=graphs - self.graphs_after_warmup
-                )
+                self.state.compile.graphs = graphs
+                self.state.compile.recompiles = graphs - self.graphs_after_warmup
         return out
 
-    def _device_ids(self) -> dict[str, dict[str, Any]]:
+    def _device_ids(self) -> dict[str, DeviceId]:
         """Each CUDA device's UUID, so the monitor can match it to NVML's physical index
         whatever CUDA_VISIBLE_DEVICES did to the numbering."""
         if self._devices is None:
-            ids: dict[str, dict[str, Any]] = {}
+            ids: dict[str, DeviceId] = {}
             for dev in self.setup.devices:
                 if dev.type == "cuda":
                     props = torch.cuda.get_device_properties(dev)
                     uuid = str(getattr(props, "uuid", ""))
-                    ids[str(dev)] = {
-                        "uuid": uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}",
-                        "name": props.name,
-                    }
+                    ids[str(dev)] = DeviceId(
+                        uuid=uuid if uuid.startswith("GPU-") or not uuid else f"GPU-{uuid}",
+                        name=props.name,
+                    )
                 else:
-                    ids[str(dev)] = {"uuid": None, "name": "cpu"}
+                    ids[str(dev)] = DeviceId(uuid=None, name="cpu")
             self._devices = ids
         return self._devices
 
     def _roles(self) -> dict[int, str]:
-        snap = self.state.snapshot()
-        return {t["ident"]: f"{t['role']}@{t['device']} ({t['state']})" for t in snap["threads"]}
+        return {
+            ident: f"{t.role}@{t.device} ({t.state})" for ident, t in self.state.snapshot().threads
+        }
 
     def _on_stop(self, signame: str) -> None:
         if not self.stop_request.is_set():
@@ -122,7 +136,8 @@ class Run:
 
     def save(self, position: TrainPosition) -> Path:
         s = self.setup
-        return save_checkpoint(
+        self.faults.stall_checkpoint()
+        path = save_checkpoint(
             self.run_dir,
             position,
             s.replicas.primary.trainable_state_dict(),
@@ -130,6 +145,8 @@ class Run:
             s.arch.to_dict(),
             self.cfg.to_dict(),
         )
+        self.state.checkpoint_saved(position.step, path.relative_to(self.run_dir).as_posix())
+        return path
 
     # -- the run ---------------------------------------------------------------------
     def execute(self, checkpoint: Path | None) -> int:
@@ -153,11 +170,11 @@ class Run:
             code = EXIT_CRASH
         finally:
             if code != EXIT_OK:
-                self.state.set_phase("crashed")
+                self.state.set_phase(CRASHED)
             self.state.exit_code = code
             self.state.thread_state("exiting")
             self.hb_stop.set()
-            self.heartbeat.write()
+            self.heartbeat.write(final=True)
             if wandb is not None:
                 wandb.finish(exit_code=code)
             self.log.close()
@@ -173,11 +190,10 @@ class Run:
         from trainer.warmup import recompile_summary
 
         summary = recompile_summary(message)
-        self.state.compile["last_recompile"] = summary
+        self.state.compile.last_recompile = summary
         self.log.line(f"recompile: {summary}")
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
-        from trainer.faults import FaultPlan
         from trainer.pipeline import Pipeline
         from trainer.setup import build_run
         from trainer.wandb_log import start_wandb
@@ -189,9 +205,14 @@ class Run:
             watch_recompiles,
         )
 
-        faults = FaultPlan()  # a bad DFLASH_FAULT is bad input, found before any loading
+        self.faults = faults = FaultPlan()  # a bad DFLASH_FAULT: bad input, before any loading
         self.setup = setup = build_run(
-            self.cfg, warn=self.log.warn, phase=self.state.set_phase, progress=self.state.progress
+            self.cfg,
+            warn=self.log.warn,
+            phase=self.state.set_phase,
+            progress=self.state.progress,
+            load_span=(self.state.target_load_started, self.state.target_load_ended),
+            faults=faults,
         )
         self.state.total_steps = setup.total_steps
         position = TrainPosition(step=0, batches=0, tokens=0)
@@ -209,34 +230,33 @@ class Run:
             self.cfg.to_dict(),
             self.log.line,
         )
-        self.state.wandb = wandb.info
+        self.state.wandb = WandbInfo(**wandb.info)
         self._update_config_json(wandb=wandb.info)
 
-        self.state.compile["cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+        comp = self.state.compile
+        comp.cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
         warmup_s = warm_up(setup, self.state)
         self.graphs_after_warmup = graphs_compiled()
-        self.state.compile.update(
-            warmup_s=warmup_s,
-            graphs=self.graphs_after_warmup,
-            breakdown=compile_breakdown(),
-            **compile_cache_counts(),
-        )
+        counts = compile_cache_counts()
+        comp.warmup_s, comp.graphs = warmup_s, self.graphs_after_warmup
+        comp.breakdown = compile_breakdown()
+        comp.cache_hits, comp.cache_misses = counts["cache_hits"], counts["cache_misses"]
+        comp.cache_bypasses = counts["cache_bypasses"]
         if setup.loader is not None and setup.loader.is_alive():
-            self.state.set_phase("loading_target")  # compiled first: now wait for the weights
+            self.state.set_phase(LOADING_TARGET)  # compiled first: now wait for the weights
         setup.finish_loading()
-        comp = self.state.compile
         watch_recompiles(self._on_recompile)
         self.log.line(
             f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "
-            f"{graphs_compiled()} graph(s) compiled; compile cache {comp['cache_hits']} hit(s), "
-            f"{comp['cache_misses']} miss(es)"
+            f"{graphs_compiled()} graph(s) compiled; compile cache {comp.cache_hits} hit(s), "
+            f"{comp.cache_misses} miss(es)"
         )
         if self.stop_request.is_set():
-            self.state.set_phase("stopping")
-            self.state.set_phase("finished")
+            self.state.set_phase(STOPPING)
+            self.state.set_phase(STOPPED)
             return EXIT_OK, wandb
 
-        self.state.set_phase("warmup")
+        self.state.set_phase(WARMUP)
         self.pipeline = pipe = Pipeline(
             setup, self.state, self.log, position, self.save, wandb.log, faults
         )
@@ -246,18 +266,19 @@ class Run:
         pipe.start()
         outcome = pipe.wait()
         if outcome == "crashed":
-            err = self.state.error or {}
-            self.log.line(f"error in {err.get('thread')}: {err.get('traceback', '').rstrip()}")
-            print(f"error: {err.get('message')} (in {err.get('thread')})", file=sys.stderr)
+            err = self.state.error or ErrorInfo("?", "no error recorded")
+            self.log.line(f"error in {err.thread}: {err.traceback.rstrip()}")
+            print(f"error: {err.message} (in {err.thread})", file=sys.stderr)
             return EXIT_CRASH, wandb
-        self.state.set_phase("stopping")
-        self.state.set_phase("checkpointing")
+        self.state.set_phase(STOPPING)
+        self.state.set_phase(CHECKPOINTING)
         path = self.save(pipe.position)
+        stopped = outcome == "stopped"
         self.log.line(
-            f"{'stopped' if outcome == 'stopped' else 'finished'} at step {pipe.position.step}; "
-            f"checkpoint {path.relative_to(self.run_dir)}"
+            f"{'stopped' if stopped else 'finished'} at step {pipe.position.step} of "
+            f"{setup.total_steps}; checkpoint {path.relative_to(self.run_dir)}"
         )
-        self.state.set_phase("finished")
+        self.state.set_phase(STOPPED if stopped else FINISHED)
         return EXIT_OK, wandb
 
 

@@ -1,29 +1,60 @@
 """What the run is doing right now, shared by the worker threads and the heartbeat thread.
 
 Workers write small facts (their state, the step, the phase); the heartbeat thread reads a
-consistent snapshot under the lock. Nothing here blocks for long or touches the GPU.
+consistent snapshot under the lock, as the contract's records (trainer/contract/heartbeat.py).
+Nothing here blocks for long or touches the GPU.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from trainer.contract.phases import PHASES
+from trainer.contract.heartbeat import (
+    CheckpointInfo,
+    CompileInfo,
+    ErrorInfo,
+    PhaseProgress,
+    Span,
+    ThreadInfo,
+    WandbInfo,
+)
+from trainer.contract.phases import PHASES, STARTING, PhaseVisit
+
+# phase_history keeps the start-up whole and the most recent visits: a long run goes through
+# training <-> checkpointing thousands of times, and the heartbeat must stay small.
+HISTORY_HEAD = 16
+HISTORY_TAIL = 16
 
 
-@dataclass
-class ThreadInfo:
-    name: str
-    role: str
-    device: str
-    state: str = "starting"
-    since: float = field(default_factory=time.time)
+@dataclasses.dataclass
+class Snapshot:
+    """The run-state part of one heartbeat, copied under the lock."""
+
+    run_id: str
+    started_at: float
+    phase: str
+    phase_started_at: float
+    phase_progress: PhaseProgress | None
+    phase_history: list[PhaseVisit]
+    step: int
+    total_steps: int
+    last_step_at: float | None
+    tokens: int
+    epoch: float
+    tok_s: float
+    threads: list[tuple[int, ThreadInfo]]  # (threading ident, info)
+    error: ErrorInfo | None
+    wandb: WandbInfo
+    compile: CompileInfo
+    exit_code: int | None
+    target_load: Span | None
+    last_checkpoint: CheckpointInfo | None
 
 
 class RunState:
@@ -31,27 +62,24 @@ class RunState:
         self._lock = threading.Lock()
         self.run_id = run_id
         self.started_at = time.time()
-        self.phase = "starting"
+        self.phase = STARTING
         self.phase_started_at = self.started_at
-        self.phase_progress: dict[str, Any] | None = None
-        self.phase_history: list[dict[str, Any]] = [
-            {"phase": "starting", "started_at": self.started_at}
-        ]
+        self.phase_progress: PhaseProgress | None = None
+        self._history_head: list[PhaseVisit] = [PhaseVisit(STARTING, self.started_at, 1)]
+        self._history_tail: deque[PhaseVisit] = deque(maxlen=HISTORY_TAIL)
+        self._visits: dict[str, int] = {STARTING: 1}
         self.step = 0
         self.total_steps = total_steps
         self.last_step_at: float | None = None
         self.tokens = 0
         self.epoch = 0.0
         self._recent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per step
-        self.threads: dict[int, ThreadInfo] = {}  # keyed by threading.get_ident()
-        self.error: dict[str, str] | None = None
-        self.wandb: dict[str, Any] = {"mode": "disabled", "id": None, "url": None}
-        self.compile: dict[str, Any] = {
-            "graphs": 0,
-            "recompiles": 0,
-            "warmup_s": None,
-            "cache_dir": "",
-        }
+        self._threads: dict[int, ThreadInfo] = {}  # keyed by threading.get_ident()
+        self.error: ErrorInfo | None = None
+        self.wandb = WandbInfo(mode="disabled")
+        self.compile = CompileInfo()
+        self.target_load: Span | None = None
+        self.last_checkpoint: CheckpointInfo | None = None
         self.exit_code: int | None = None
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
@@ -64,24 +92,54 @@ class RunState:
                 return
             now = time.time()
             self.phase, self.phase_started_at = phase, now
-            self.phase_progress = {"done": 0, "total": total, "unit": unit} if total else None
-            self.phase_history.append({"phase": phase, "started_at": now})
+            self.phase_progress = PhaseProgress(0, total, unit) if total else None
+            self._visits[phase] = self._visits.get(phase, 0) + 1
+            last = self._history_tail or self._history_head
+            last[-1] = dataclasses.replace(last[-1], ended_at=now)
+            visit = PhaseVisit(phase, now, self._visits[phase])
+            if len(self._history_head) < HISTORY_HEAD:
+                self._history_head.append(visit)
+            else:
+                self._history_tail.append(visit)
         self.on_phase()
 
     def progress(self, done: int) -> None:
         with self._lock:
             if self.phase_progress is not None:
-                self.phase_progress["done"] = done
+                self.phase_progress.done = done
+
+    @property
+    def phase_history(self) -> list[PhaseVisit]:
+        with self._lock:
+            return [*self._history_head, *self._history_tail]
+
+    # -- work that overlaps the phases -------------------------------------------------
+    def target_load_started(self) -> None:
+        with self._lock:
+            self.target_load = Span(time.time())
+
+    def target_load_ended(self) -> None:
+        with self._lock:
+            if self.target_load is not None:
+                self.target_load.ended_at = time.time()
+
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        with self._lock:
+            self.last_checkpoint = CheckpointInfo(step, path, time.time())
 
     # -- threads -----------------------------------------------------------------------
     def register_thread(self, role: str, device: str) -> None:
         t = threading.current_thread()
         with self._lock:
-            self.threads[threading.get_ident()] = ThreadInfo(t.name, role, device)
+            self._threads[threading.get_ident()] = ThreadInfo(
+                t.name, role, device, "starting", time.time()
+            )
 
     def thread_state(self, state: str) -> None:
-        info = self.threads.get(threading.get_ident())
+        info = self._threads.get(threading.get_ident())
         if info is not None and info.state != state:
+            # Two attribute writes without the lock: a snapshot may pair the new state with
+            # the old `since` for one heartbeat, which is harmless and keeps this path cheap.
             info.state, info.since = state, time.time()
 
     # -- steps -------------------------------------------------------------------------
@@ -98,7 +156,7 @@ class RunState:
         if len(recent) < 2:
             return 0.0
         now = recent[-1][0]
-        inside = [r for r in recent if now - r[0] <= window_s] or recent[-2:]
+        inside = [r for r in recent if now - r[0] <= window_s]
         if len(inside) < 2:
             inside = recent[-2:]
         (t0, k0), (t1, k1) = inside[0], inside[-1]
@@ -110,44 +168,35 @@ class RunState:
         with self._lock:
             if self.error is not None:
                 return False
-            self.error = {
-                "thread": threading.current_thread().name,
-                "message": f"{type(exc).__name__}: {exc}",
-                "traceback": "".join(traceback.format_exception(exc)),
-            }
+            self.error = ErrorInfo(
+                thread=threading.current_thread().name,
+                message=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
             return True
 
     # -- snapshot ----------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
+        tok_s = self.tok_s()
         with self._lock:
-            threads = [
-                {
-                    "name": i.name,
-                    "role": i.role,
-                    "device": i.device,
-                    "state": i.state,
-                    "since": i.since,
-                    "ident": ident,
-                }
-                for ident, i in self.threads.items()
-            ]
-            snap = {
-                "run_id": self.run_id,
-                "started_at": self.started_at,
-                "phase": self.phase,
-                "phase_started_at": self.phase_started_at,
-                "phase_progress": dict(self.phase_progress) if self.phase_progress else None,
-                "phase_history": list(self.phase_history),
-                "step": self.step,
-                "total_steps": self.total_steps,
-                "last_step_at": self.last_step_at,
-                "tokens": self.tokens,
-                "epoch": self.epoch,
-                "threads": threads,
-                "error": dict(self.error) if self.error else None,
-                "wandb": dict(self.wandb),
-                "compile": dict(self.compile),
-                "exit_code": self.exit_code,
-            }
-        snap["tok_s"] = self.tok_s()
-        return snap
+            return Snapshot(
+                run_id=self.run_id,
+                started_at=self.started_at,
+                phase=self.phase,
+                phase_started_at=self.phase_started_at,
+                phase_progress=copy.copy(self.phase_progress),
+                phase_history=[*self._history_head, *self._history_tail],
+                step=self.step,
+                total_steps=self.total_steps,
+                last_step_at=self.last_step_at,
+                tokens=self.tokens,
+                epoch=self.epoch,
+                tok_s=tok_s,
+                threads=[(ident, copy.copy(i)) for ident, i in self._threads.items()],
+                error=self.error,
+                wandb=copy.copy(self.wandb),
+                compile=copy.deepcopy(self.compile),
+                exit_code=self.exit_code,
+                target_load=copy.copy(self.target_load),
+                last_checkpoint=self.last_checkpoint,
+            )

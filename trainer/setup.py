@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,9 @@ from torch import Tensor
 from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
 from trainer.config import Config
+from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
 from trainer.data import Sample, batches_per_epoch, load_samples, resolve_data_path
+from trainer.faults import FaultPlan
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
 from trainer.replicas import DrafterReplicas
@@ -42,21 +45,29 @@ class TargetLoader(threading.Thread):
         devices: list[torch.device],
         dtype_name: str,
         progress: Callable[[int], None],
+        span: tuple[Callable[[], None], Callable[[], None]],
+        delay_s: float = 0.0,
     ) -> None:
         super().__init__(name="target-loader", daemon=True)
         self.path, self.layer_ids, self.devices = path, layer_ids, devices
         self.dtype_name, self.progress = dtype_name, progress
+        self.span, self.delay_s = span, delay_s
         self._targets: dict[torch.device, LoadedTarget] = {}
         self._error: BaseException | None = None
 
     def run(self) -> None:
+        started, ended = self.span
+        started()
         try:
+            time.sleep(self.delay_s)  # DFLASH_FAULT=slow:load_target:S (a slow disk)
             for i, dev in enumerate(self.devices):
                 dtype = resolve_dtype(self.dtype_name, dev)
                 self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
                 self.progress(i + 1)
         except BaseException as e:  # re-raised on the main thread by result()
             self._error = e
+        finally:
+            ended()
 
     def result(self) -> dict[torch.device, LoadedTarget]:
         self.join()
@@ -170,6 +181,8 @@ def build_run(
     warn: Callable[[str], None],
     phase: Callable[..., None] = lambda *_a, **_k: None,
     progress: Callable[[int], None] = lambda _d: None,
+    load_span: tuple[Callable[[], None], Callable[[], None]] = (lambda: None, lambda: None),
+    faults: FaultPlan | None = None,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights."""
     rt = cfg.runtime
@@ -186,7 +199,9 @@ def build_run(
     )
     tokenizer, mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
 
-    phase("loading_data")
+    faults = faults or FaultPlan("")
+    phase(LOADING_DATA)
+    time.sleep(faults.slow_s("data"))  # DFLASH_FAULT=slow:data:S
     samples, _report = load_samples(
         data_path, tokenizer, cfg.data.format, max(cfg.data.seq_buckets), warn=warn
     )
@@ -211,8 +226,16 @@ def build_run(
         for model in replicas.models:
             compile_layers(model)
     distinct = list(dict.fromkeys(target_devices))
-    phase("loading_target", total=len(distinct), unit="target copies")
-    loader = TargetLoader(target_path, layer_ids, distinct, cfg.target.dtype, progress)
+    phase(LOADING_TARGET, total=len(distinct), unit="target copies")
+    loader = TargetLoader(
+        target_path,
+        layer_ids,
+        distinct,
+        cfg.target.dtype,
+        progress,
+        load_span,
+        faults.slow_s("load_target"),
+    )
     loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
     per_step = len(drafter_devices)

@@ -121,13 +121,17 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(start_trainer):
     p.signal(signal.SIGTERM)
     assert p.wait(timeout=30) == 0
     hb = p.heartbeat()
-    assert hb["phase"] == "finished" and hb["exit_code"] == 0
+    # Stopped before its last step: `stopped`, not `finished` (schema 1 said finished).
+    assert hb["phase"] == "stopped" and hb["exit_code"] == 0
+    assert hb["step"] < hb["total_steps"]
     ckpts = sorted(p.run_dir.glob("checkpoints/step-*.pt"))
     assert [c.name for c in ckpts] == [f"step-{hb['step']:08d}.pt"]
+    assert hb["last_checkpoint"]["path"] == f"checkpoints/step-{hb['step']:08d}.pt"
+    assert hb["last_checkpoint"]["step"] == hb["step"]
     assert [h["phase"] for h in hb["phase_history"]][-3:] == [
         "stopping",
         "checkpointing",
-        "finished",
+        "stopped",
     ]
     assert not list(p.run_dir.glob("checkpoints/.*"))  # no temp file left behind
 
@@ -210,7 +214,7 @@ def test_wandb_offline_is_recorded_and_its_absence_is_one_line(start_trainer, tm
 
 
 def test_phases_are_the_contracts():
-    assert PHASES[0] == "starting" and {"finished", "crashed"} <= set(PHASES)
+    assert PHASES[0] == "starting" and {"finished", "stopped", "crashed"} <= set(PHASES)
 
 
 def test_recompiles_after_warm_up_are_reported_with_their_reason():

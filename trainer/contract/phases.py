@@ -71,10 +71,15 @@ TOOK = {
 
 @dataclasses.dataclass(frozen=True)
 class PhaseVisit:
-    """One entry of the heartbeat's `phase_history`: a phase began at `started_at`."""
+    """One entry of the heartbeat's `phase_history`: a phase began at `started_at`.
+
+    Schema 2 also records the visit's number and its end, so a history thinned in the
+    middle (a long run keeps its start-up and its latest visits) still says the truth."""
 
     phase: str
     started_at: float
+    visit: int = 0  # 0: not recorded (schema 1): counted from the order
+    ended_at: float | None = None  # None: not recorded, or the visit is in progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +110,10 @@ def phase_spans(history: list[PhaseVisit], final: bool = False) -> list[PhaseSpa
     counts: dict[str, int] = {}
     spans = []
     for i, v in enumerate(history):
-        counts[v.phase] = counts.get(v.phase, 0) + 1
-        end = history[i + 1].started_at if i + 1 < len(history) else None
+        counts[v.phase] = v.visit or counts.get(v.phase, 0) + 1
+        end = v.ended_at
+        if end is None and i + 1 < len(history):
+            end = history[i + 1].started_at
         if end is None and final:
             end = v.started_at
         spans.append(PhaseSpan(v.phase, counts[v.phase], v.started_at, end))

@@ -237,7 +237,8 @@ class Command:
     id: int = 0
 
     @property
-    def name(self) -> str:
+    def cmd(self) -> str:
+        """The command's name on the wire (a property, not a field: `Launch.name` is one)."""
         return COMMAND_NAMES[type(self)]
 
     def client_timeout(self) -> float:
@@ -246,7 +247,7 @@ class Command:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
-        data["cmd"] = self.name
+        data["cmd"] = self.cmd
         return data
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainer.contract.heartbeat import DeviceMemory
+from trainer.contract.steplines import StepLine, step_line
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
 # File names of a run dir (RUN_ROOT/<run_id>/).
@@ -94,6 +95,14 @@ class MetricsRow:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
         return data
+
+    def step_line(self) -> StepLine:
+        """The human line for this row (rounded as printed)."""
+        return step_line(
+            self.elapsed_s, self.step, self.loss, self.acc, self.streak, self.lr, self.noise,
+            self.tgt_bps, self.dft_bps, self.tok_s, self.q_pre, self.q_hs, self.epoch,
+            self.eta_s,
+        )  # fmt: skip
 
 
 def _load(raw: bytes | str, cls: type[R], what: str) -> R | Unreadable:
