@@ -4,6 +4,8 @@ included), as read back through the contract's own readers."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
@@ -35,7 +37,7 @@ def test_every_phase_and_its_duration_from_a_real_run(start_trainer):
         "finished",
     ]
     # Each visit ends where the next begins, and together they cover the whole run.
-    for a, b in zip(spans, spans[1:], strict=False):
+    for a, b in itertools.pairwise(spans):
         assert a.ended_at == b.started_at
     took = phase_durations(hb.phase_history, hb.now, final=True)
     assert sum(took.values()) == pytest.approx(spans[-1].started_at - hb.started_at)
