@@ -1,1 +1,1 @@
-"""dflash-tui: the monitor and control half. Never imports torch (see DESIGN.md)."""
+"""dflash-tui: the monitor and control half. Never imports torch (ARCHITECTURE.md)."""

@@ -256,7 +256,7 @@ class Pipeline:
             self.state.thread_state("backward")
             out.loss.backward()
             self.outs[r] = out
-            self.out_tokens[r] = item.blocks.num_tokens
+            self.out_tokens[r] = item.blocks.tokens
             del item, out
             self._barrier_wait()
             if r == 0:

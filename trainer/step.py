@@ -56,10 +56,6 @@ class BlockBatch:
             mask=self.mask,
         )
 
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens
-
 
 def batch_seed(seed: int, epoch: int, index: int) -> int:
     """A per-batch seed: anchors depend only on (seed, epoch, batch), never on thread timing."""
