@@ -8,7 +8,8 @@ blocks or slows down; the real process dies):
                        heartbeat stays fresh, the steps stop)
   nan:N                the drafter loss is NaN from optimizer step N on
   slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
-                       drafter), or once: load_target (the weight load), data (tokenising)
+                       drafter), or once: load_target (the weight load), data (tokenising),
+                       compile (the warm-up compile)
   sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
   stall_checkpoint:S   every checkpoint save takes S seconds longer
 
@@ -24,7 +25,7 @@ import threading
 import time
 
 ROLES = ("prefetch", "target", "drafter")
-STAGES = (*ROLES, "load_target", "data")
+STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
 
 

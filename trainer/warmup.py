@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from trainer.contract.phases import COMPILING
 from trainer.data import Batch
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
@@ -83,8 +84,9 @@ def compile_breakdown(top: int = 6) -> dict[str, float]:
     return {k: round(v, 2) for k, v in slowest}
 
 
-def warm_up(run: RunSetup, state: RunState) -> float:
-    """Returns seconds spent. Leaves no gradients and no optimizer state behind."""
+def warm_up(run: RunSetup, state: RunState, extra_s: float = 0.0) -> float:
+    """Returns seconds spent. Leaves no gradients and no optimizer state behind. `extra_s`:
+    DFLASH_FAULT=slow:compile:S (a cold or invalidated compile cache)."""
     from trainer.pipeline import autocast_for
 
     t0 = time.monotonic()
@@ -98,7 +100,8 @@ def warm_up(run: RunSetup, state: RunState) -> float:
     torch._dynamo.config.accumulated_cache_size_limit = max(
         torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
     )
-    state.set_phase("compiling", total=len(buckets) * len(firsts), unit="buckets")
+    state.set_phase(COMPILING, total=len(buckets) * len(firsts), unit="buckets")
+    time.sleep(extra_s)
     done = 0
     B = run.cfg.train.batch_size
     n_feat = len(run.arch.target_layer_ids) * run.arch.hidden_size

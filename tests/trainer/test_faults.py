@@ -1,0 +1,63 @@
+"""DFLASH_FAULT: the grammar, and each fault travelling the real path in a real trainer."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from trainer.faults import FaultPlan
+
+
+def test_the_grammar():
+    plan = FaultPlan("target:3, hang:drafter:7,nan:20,slow:prefetch:0.5,slow:load_target:4,"
+                     "sigkill:25,stall_checkpoint:30")  # fmt: skip
+    assert plan.raise_at == {"target": 3} and plan.hang_at == {"drafter": 7}
+    assert plan.nan_from == 20 and plan.sigkill_after == 25 and plan.checkpoint_stall_s == 30
+    assert plan.slow == {"prefetch": 0.5, "load_target": 4.0}
+    assert not plan.poison_loss(19) and plan.poison_loss(20)
+    assert FaultPlan("").raise_at == {} and FaultPlan("").slow_s("data") == 0.0
+
+
+@pytest.mark.parametrize(
+    "spec", ["gpu:3", "target:x", "slow:target:-1", "slow:target:inf", "hang:main:1", "nan"]
+)
+def test_a_bad_spec_names_itself(spec):
+    with pytest.raises(ValueError, match="DFLASH_FAULT="):
+        FaultPlan(spec)
+
+
+def test_a_bad_spec_is_bad_input_for_the_trainer(start_trainer):
+    p = start_trainer("--max-steps", "3", env={"DFLASH_FAULT": "warp:9"})
+    assert p.wait(timeout=60) == 2
+    out = p.stdout_path.read_text()
+    assert "DFLASH_FAULT='warp:9'" in out and "Traceback" not in out
+
+
+def test_nan_and_sigkill_on_a_real_run(start_trainer):
+    p = start_trainer(
+        "--max-steps", "400", "--set", "train.log_every=2",
+        env={"DFLASH_FAULT": "nan:4,sigkill:8"},
+    )  # fmt: skip
+    assert p.wait(timeout=120) == -signal.SIGKILL
+    losses = [m["loss"] for m in p.metrics()]
+    assert losses[:2] == [pytest.approx(losses[0]), pytest.approx(losses[1])]
+    assert losses[0] == losses[0] and losses[-1] != losses[-1]  # finite, then NaN
+    hb = p.heartbeat()
+    assert hb["phase"] == "training" and hb["exit_code"] is None  # no handler ran
+
+
+def test_a_hung_thread_stops_the_steps_not_the_heartbeat(start_trainer):
+    p = start_trainer("--max-steps", "400", env={"DFLASH_FAULT": "hang:target:6"})
+    p.wait_step(2)
+    time.sleep(6)
+    first = p.heartbeat()
+    time.sleep(3)
+    hb = p.heartbeat()
+    assert hb["step"] == first["step"] and hb["now"] > first["now"] + 2
+    # Each target thread hangs at its own 7th batch, inside its forward.
+    targets = [t for t in hb["threads"] if t["role"] == "target"]
+    assert targets and all(t["state"] == "forward" for t in targets)
+    assert all(hb["now"] - t["since"] > 5 for t in targets)
+    p.kill()
