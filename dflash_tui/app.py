@@ -8,6 +8,7 @@ keys send agent commands; a command already in flight is never sent twice.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -16,6 +17,7 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
@@ -154,6 +156,12 @@ class DFlashApp(App[int]):
         self.store.apply(event)
 
     def redraw(self, force: bool = False) -> None:
+        """Redraw the panes from the store; skipped while they are not on screen (a full
+        screen over them, or the app tearing down as the timer fires)."""
+        with contextlib.suppress(NoMatches):
+            self._redraw(force)
+
+    def _redraw(self, force: bool) -> None:
         s = self.store
         if not force and s.version == self._drawn_version:
             # Nothing new, but ages (heartbeat, time in phase) still move.
