@@ -164,11 +164,8 @@ def _fmt_runs(runs: list[RunInfo]) -> str:
 
     rows = ["RUN ID                                         STEPS  BEST TOK/S  OUTCOME"]
     for r in runs:
-        best = r.best_tok_s
-        rows.append(
-            f"{r.run_id[:45]:45s} {r.steps:>6} {best if best is None else round(best):>11}  "
-            f"{run_outcome(r).summary}"
-        )
+        best = "—" if r.best_tok_s is None else str(round(r.best_tok_s))
+        rows.append(f"{r.run_id[:45]:45s} {r.steps:>6} {best:>11}  {run_outcome(r).summary}")
     return "\n".join(rows)
 
 
