@@ -2,12 +2,14 @@
 
 Events from the link go into the Store as they arrive (cheap); the panes redraw from the
 store on a timer, only when it changed, so a burst of log lines costs one redraw. Control
-keys send agent commands; a command already in flight is never sent twice.
+keys send agent commands through dflash_tui/control.py (the CLI's path too); a command
+already in flight is never sent twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -16,11 +18,14 @@ from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import themes
+from dflash_tui import control, themes
+from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import config_for, diagnose
+from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
@@ -38,6 +43,7 @@ from dflash_tui.widgets.screens import (
     TextScreen,
 )
 from dflash_tui.widgets.steplog import StepLog
+from trainer.contract.protocol import Progress
 
 
 class DFlashApp(App[int]):
@@ -150,10 +156,16 @@ class DFlashApp(App[int]):
             await self.link.close()  # the remote run is left alone
 
     # -- state --------------------------------------------------------------------------
-    def feed(self, event: dict[str, Any]) -> None:
+    def feed(self, event: SinkEvent) -> None:
         self.store.apply(event)
 
     def redraw(self, force: bool = False) -> None:
+        """Redraw the panes from the store; skipped while they are not on screen (a full
+        screen over them, or the app tearing down as the timer fires)."""
+        with contextlib.suppress(NoMatches):
+            self._redraw(force)
+
+    def _redraw(self, force: bool) -> None:
         s = self.store
         if not force and s.version == self._drawn_version:
             # Nothing new, but ages (heartbeat, time in phase) still move.
@@ -189,13 +201,13 @@ class DFlashApp(App[int]):
     async def _run_control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         try:
             await run()
-        except LinkError as e:
+        except (LinkError, ControlError) as e:
             self.notify(f"{name}: {e}", severity="error", timeout=12)
         finally:
             self._busy = None
 
-    def _progress(self, event: dict[str, Any]) -> None:
-        self.notify(str(event.get("message")), title=self._busy or "", timeout=6)
+    def _progress(self, event: Progress) -> None:
+        self.notify(event.message, title=self._busy or "", timeout=6)
 
     async def _confirm(self, question: str) -> bool:
         screen: Any = ConfirmScreen(question)
@@ -203,23 +215,16 @@ class DFlashApp(App[int]):
 
     def action_kill(self) -> None:
         async def run() -> None:
+            grace = control.kill_command().timeout_s
             if not await self._confirm(
                 f"Kill run {self.store.alive_run or '?'}? "
-                "(SIGTERM its process group, SIGKILL after 60 s)"
+                f"(SIGTERM its process group, SIGKILL after {grace:.0f} s)"
             ):
                 return
-            r = await self.link.request(
-                {"cmd": "kill", "timeout_s": 60, "drain_timeout_s": 120},
-                timeout=220,
-                on_progress=self._progress,
-            )
-            drain = (
-                f", GPU memory released in {r['drain_s']:.1f}s"
-                if r.get("drain_s") is not None
-                else ""
-            )
+            k = await control.kill(self.link, on_progress=self._progress)
+            drain = f", GPU memory released in {k.drain_s:.1f}s" if k.drain_s is not None else ""
             self.notify(
-                f"killed {r['run_id']} with {r['signal']} in {r['stop_s']:.1f}s{drain}",
+                f"killed {k.run_id} with {k.signal} in {k.stop_s:.1f}s{drain}",
                 title="kill",
                 timeout=10,
             )
@@ -233,27 +238,16 @@ class DFlashApp(App[int]):
                 "memory, launch the same config in a new run dir)"
             ):
                 return
-            r = await self.link.request(
-                {
-                    "cmd": "restart",
-                    "run_id": self.store.run_id,
-                    "timeout_s": 60,
-                    "drain_timeout_s": 120,
-                },
-                timeout=400,
-                on_progress=self._progress,
-            )
-            self.notify(f"restarted as {r['launched']['run_id']}", title="restart", timeout=10)
+            r = await control.restart(self.link, self.store.run_id, on_progress=self._progress)
+            self.notify(f"restarted as {r.launched.run_id}", title="restart", timeout=10)
 
         self._control("restart", run)
 
     def action_dump_stacks(self) -> None:
         async def run() -> None:
-            r = await self.link.request({"cmd": "dump_stacks", "pyspy": True}, timeout=60)
-            text = r["text"] + (
-                ("\n# py-spy dump --native\n" + r["pyspy"]) if r.get("pyspy") else ""
-            )
-            await self.push_screen(TextScreen(f"Stacks of pid {r['pid']} — {r['path']}", text))
+            st = await control.dump_stacks(self.link)
+            text = st.text + (("\n# py-spy dump --native\n" + st.pyspy) if st.pyspy else "")
+            await self.push_screen(TextScreen(f"Stacks of pid {st.pid} — {st.path}", text))
 
         self._control("dump stacks", run)
 
@@ -261,11 +255,11 @@ class DFlashApp(App[int]):
         async def run() -> None:
             if not await self._confirm("Delete the compile cache? The next start recompiles."):
                 return
-            r = await self.link.request({"cmd": "clear_compile_cache"}, timeout=120)
+            c = await control.clear_cache(self.link)
             self.notify(
-                f"removed {r['path']} ({r['bytes'] / 1e6:.1f} MB)"
-                if r["existed"]
-                else f"no compile cache at {r['path']}",
+                f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
+                if c.existed
+                else f"no compile cache at {c.path}",
                 title="clear cache",
             )
 
@@ -280,7 +274,7 @@ class DFlashApp(App[int]):
         self.push_screen(RunsScreen(self.store.runs, self.store.run_id), chosen)
 
     async def _follow(self, run_id: str) -> None:
-        await self.link.request({"cmd": "follow", "run_id": run_id}, timeout=30)
+        await control.follow(self.link, run_id)
 
     def action_filter(self) -> None:
         log = self.query_one(StepLog)

@@ -17,9 +17,14 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dflash_tui.targets import Target, TargetError, resolve_target
+from trainer.contract.protocol import Kill, Progress, RunInfo
+
+if TYPE_CHECKING:
+    from dflash_tui.link.link import Link
+    from dflash_tui.state import Store
 
 SUBCOMMANDS = {
     "demo": "train the bundled tiny CPU drafter locally and monitor it live",
@@ -92,17 +97,18 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
             help="config override (repeatable)",
         )
     if name in ("kill", "restart"):
+        defaults = Kill()  # the contract's defaults, as the TUI sends them
         p.add_argument(
             "--timeout",
             type=float,
-            default=60.0,
-            help="seconds between SIGTERM and SIGKILL (default 60)",
+            default=None,
+            help=f"seconds between SIGTERM and SIGKILL (default {defaults.timeout_s:.0f})",
         )
         p.add_argument(
             "--drain-timeout",
             type=float,
-            default=120.0,
-            help="seconds to wait for GPU memory release (default 120)",
+            default=None,
+            help=f"seconds to wait for GPU memory release (default {defaults.drain_timeout_s:.0f})",
         )
     if name in ("kill", "restart", "dump-stacks"):
         p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
@@ -128,13 +134,14 @@ def _err(text: str) -> None:
     print(f"dflash-tui: {text}", file=sys.stderr, flush=True)
 
 
-def _progress(event: dict[str, Any]) -> None:
-    print(f"  … {event.get('message')}", file=sys.stderr, flush=True)
+def _progress(event: Progress) -> None:
+    print(f"  … {event.message}", file=sys.stderr, flush=True)
 
 
-async def _with_link(
-    target: Target, work: Callable[[Any, Any], Awaitable[int]], follow: str | None = None
-) -> int:
+Work = Callable[["Link", "Store"], Awaitable[int]]
+
+
+async def _with_link(target: Target, work: Work, follow: str | None = None) -> int:
     from dflash_tui.link.link import Link, LinkError
     from dflash_tui.state import Store
 
@@ -151,82 +158,74 @@ async def _with_link(
         await link.close()
 
 
-def _fmt_runs(runs: list[dict[str, Any]]) -> str:
-    rows = [
-        "RUN ID                                        ENDED                  STEPS  BEST TOK/S"
-    ]
+def _fmt_runs(runs: list[RunInfo]) -> str:
+    """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py)."""
+    from dflash_tui.facts import run_outcome
+
+    rows = ["RUN ID                                         STEPS  BEST TOK/S  OUTCOME"]
     for r in runs:
-        ex = r.get("exit") or {}
-        if r.get("alive"):
-            ended = f"alive ({r.get('phase')})"
-        elif ex:
-            ended = (
-                f"signal {ex['signal']}"
-                if ex.get("signal")
-                else f"exit {ex.get('exit_code')} ({ex.get('final_phase')})"
-            )
-        else:
-            ended = f"{r.get('phase') or 'no heartbeat'}"
-        best = r.get("best_tok_s")
-        rows.append(
-            f"{r['run_id'][:45]:45s} {ended[:22]:22s} {r.get('steps') or 0:>6} "
-            f"{best if best is None else round(best):>11}"
-        )
+        best = "—" if r.best_tok_s is None else str(round(r.best_tok_s))
+        rows.append(f"{r.run_id[:45]:45s} {r.steps:>6} {best:>11}  {run_outcome(r).summary}")
     return "\n".join(rows)
 
 
-async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
+def command_work(name: str, args: argparse.Namespace) -> Work:
+    """What subcommand `name` does over a connected link (tests call it with a fake link)."""
     from dflash_tui import control
 
-    async def work(link: Any, store: Any) -> int:
+    async def work(link: Link, store: Store) -> int:
         if name == "deploy":
-            r = await control.deploy(link, _progress)
-            print(f"deployed {r['files']} files, code sha256 {r['sha256'][:16]}… -> {r['release']}")
+            d = await control.deploy(link, _progress)
+            print(f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}")
         elif name == "launch":
-            r = await control.launch(link, args.config, args.overrides, _progress)
+            run = await control.launch(link, args.config, args.overrides, _progress)
             print(
-                f"launched {r['run_id']} in {r['run_dir']}"
-                + ("" if r.get("started") else f" ({r.get('note')})")
+                f"launched {run.run_id} in {run.run_dir}"
+                + ("" if run.started else f" ({run.note})")
             )
         elif name == "kill":
-            r = await control.kill(link, args.timeout, args.drain_timeout, _progress, args.run_id)
+            k = await control.kill(link, args.run_id, args.timeout, args.drain_timeout, _progress)
             drain = (
                 "n/a (no GPU)"
-                if r.get("drain_s") is None and not r.get("gpu_held_by")
-                else f"{r['drain_s']:.1f}s"
-                if r.get("drain_s") is not None
-                else f"still held by pids {r['gpu_held_by']}"
+                if k.drain_s is None and not k.gpu_held_by
+                else f"{k.drain_s:.1f}s"
+                if k.drain_s is not None
+                else f"still held by pids {k.gpu_held_by}"
             )
             print(
-                f"killed {r['run_id']} with {r['signal']} in {r['stop_s']:.1f}s; GPU memory "
-                f"released: {drain}; orphans: {r['orphans'] or 'none'}"
+                f"killed {k.run_id} with {k.signal} in {k.stop_s:.1f}s; GPU memory "
+                f"released: {drain}; orphans: {k.orphans or 'none'}"
             )
-            return 0 if not r["orphans"] and not r.get("gpu_held_by") else 1
+            return 0 if not k.orphans and not k.gpu_held_by else 1
         elif name == "restart":
             r = await control.restart(
-                link, args.timeout, args.drain_timeout, _progress, args.run_id
+                link, args.run_id, args.timeout, args.drain_timeout, _progress
             )
-            print(f"restarted as {r['launched']['run_id']}")
+            print(f"restarted as {r.launched.run_id}")
         elif name == "dump-stacks":
-            r = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
-            print(r["text"])
-            if r.get("pyspy"):
-                print("# py-spy dump --native\n" + r["pyspy"])
+            st = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
+            print(st.text)
+            if st.pyspy:
+                print("# py-spy dump --native\n" + st.pyspy)
         elif name == "clear-cache":
-            r = await control.clear_cache(link)
+            c = await control.clear_cache(link)
             print(
-                f"removed {r['path']} ({r['bytes'] / 1e6:.1f} MB)"
-                if r["existed"]
-                else f"no compile cache at {r['path']}"
+                f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
+                if c.existed
+                else f"no compile cache at {c.path}"
             )
         elif name == "runs":
             print(_fmt_runs(await control.list_runs(link, store)))
         return 0
 
+    return work
+
+
+async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
     from dflash_tui.control import ControlError
 
     try:
-        return await _with_link(target, work)
+        return await _with_link(target, command_work(name, args))
     except ControlError as e:
         _err(str(e))
         return 2
@@ -266,14 +265,14 @@ async def _demo(args: argparse.Namespace) -> int:
     target = demo_target(args)
     print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
 
-    async def work(link: Any, store: Any) -> int:
+    async def work(link: Link, store: Store) -> int:
         r = await control.deploy(link)
         print(f"demo: deployed trainer {r['sha256'][:12]}", file=sys.stderr)
         try:
             run = await control.launch(
                 link, TRAINER_DIR / "configs" / "tiny-cpu.toml", args.overrides, _progress
             )
-            print(f"demo: launched {run['run_id']}", file=sys.stderr)
+            print(f"demo: launched {run.run_id}", file=sys.stderr)
         except Exception as e:
             if "is alive" not in str(e):
                 raise

@@ -1,26 +1,56 @@
-"""Control operations over the link: deploy, launch, kill, restart, dump stacks, clear cache.
+"""Control operations over the link: deploy, launch, kill, restart, dump stacks, clear cache,
+list runs, follow, read a file.
 
-Each is one agent command; the agent does the work next to the trainer (its own process
-group, locks, signals), so nothing here builds a remote shell string.
+The one command path: every agent command the CLI and the TUI send is built here, as a
+contract record (trainer/contract/protocol.py) whose `client_timeout()` the link waits, so
+the two cannot disagree on names, defaults or timeouts. The agent does the work next to the
+trainer (its own process group, locks, signals), so nothing here builds a remote shell string.
+Answers come back as the small records below.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import tarfile
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import trainer
-from dflash_tui.link.link import Link
 from dflash_tui.link.transport import AGENT_SOURCE_PATH
+from dflash_tui.state import Store
 from trainer.contract.codehash import code_hash
+from trainer.contract.protocol import (
+    ClearCompileCache,
+    Command,
+    Deploy,
+    DumpStacks,
+    FollowRun,
+    Kill,
+    Launch,
+    ListRuns,
+    ReadFile,
+    Restart,
+    RunInfo,
+)
+from trainer.contract.protocol import Progress as ProgressEvent
+from trainer.contract.records import ExitRecord
+from trainer.contract.typed import Invalid, decode
 
 TRAINER_DIR = Path(trainer.__file__).resolve().parent
-Progress = Callable[[dict[str, Any]], None]
+Progress = Callable[[ProgressEvent], None]
+A = TypeVar("A")
+
+
+class Requester(Protocol):
+    """What control needs of a link (dflash_tui/link/link.py: Link)."""
+
+    async def request(
+        self, cmd: Command, timeout: float | None = None, on_progress: Progress | None = None
+    ) -> dict[str, Any]: ...
 
 
 class ControlError(Exception):
@@ -56,12 +86,10 @@ def build_bundle() -> tuple[bytes, str, int]:
     return buf.getvalue(), code_hash(TRAINER_DIR), count
 
 
-async def deploy(link: Link, on_progress: Progress | None = None) -> dict[str, Any]:
+async def deploy(link: Requester, on_progress: Progress | None = None) -> dict[str, Any]:
     blob, sha, count = build_bundle()
     data = await link.request(
-        {"cmd": "deploy", "tar_b64": base64.b64encode(blob).decode(), "sha256": sha},
-        timeout=120,
-        on_progress=on_progress,
+        Deploy(tar_b64=base64.b64encode(blob).decode(), sha256=sha), on_progress=on_progress
     )
     data["files"] = count
     return data
@@ -90,67 +118,146 @@ def check_overrides(overrides: list[str]) -> list[str]:
     return overrides
 
 
+# -- answers -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Launched:
+    run_id: str
+    run_dir: str = ""
+    started: bool = True
+    note: str = ""  # why it is not known to have started
+
+
+@dataclasses.dataclass
+class Killed:
+    run_id: str
+    signal: str | None = None  # SIGTERM, or SIGKILL when it did not stop in time
+    pids: list[int] = dataclasses.field(default_factory=list)
+    stop_s: float = 0.0
+    drain_s: float | None = None  # None: no GPU to watch, or memory still held
+    gpu_held_by: list[int] = dataclasses.field(default_factory=list)
+    orphans: list[int] = dataclasses.field(default_factory=list)
+    exit: ExitRecord | None = None
+
+
+@dataclasses.dataclass
+class Restarted:
+    launched: Launched
+    killed: Killed | None = None  # None: it was not running
+
+
+@dataclasses.dataclass
+class Stacks:
+    text: str
+    run_id: str = ""
+    pid: int | None = None
+    path: str = ""
+    pyspy: str | None = None
+
+
+@dataclasses.dataclass
+class CacheCleared:
+    path: str
+    bytes: int = 0
+    existed: bool = False
+
+
+@dataclasses.dataclass
+class Followed:
+    run_id: str | None = None  # None: no run under the run root yet
+
+
+@dataclasses.dataclass
+class FileText:
+    run_id: str
+    name: str
+    text: str
+
+
+def _answer(cls: type[A], cmd: Command, data: dict[str, Any]) -> A:
+    try:
+        return decode(cls, data, cmd.cmd)
+    except Invalid as e:
+        raise ControlError(f"{cmd.cmd}: unexpected answer from the agent ({e})") from None
+
+
+# -- commands ------------------------------------------------------------------------------
+def kill_command(
+    run_id: str | None = None, timeout_s: float | None = None, drain_timeout_s: float | None = None
+) -> Kill:
+    """None: the contract's default (trainer/contract/protocol.py)."""
+    cmd = Kill(run_id=run_id)
+    if timeout_s is not None:
+        cmd.timeout_s = timeout_s
+    if drain_timeout_s is not None:
+        cmd.drain_timeout_s = drain_timeout_s
+    return cmd
+
+
+def restart_command(
+    run_id: str | None = None, timeout_s: float | None = None, drain_timeout_s: float | None = None
+) -> Restart:
+    kill = kill_command(run_id, timeout_s, drain_timeout_s)
+    return Restart(
+        run_id=kill.run_id, timeout_s=kill.timeout_s, drain_timeout_s=kill.drain_timeout_s
+    )
+
+
 async def launch(
-    link: Link, config: Path, overrides: list[str], on_progress: Progress | None = None
-) -> dict[str, Any]:
+    link: Requester, config: Path, overrides: list[str], on_progress: Progress | None = None
+) -> Launched:
     text, name = read_config(config)
-    return await link.request(
-        {
-            "cmd": "launch",
-            "config_toml": text,
-            "overrides": check_overrides(overrides),
-            "name": name,
-        },
-        timeout=120,
-        on_progress=on_progress,
-    )
-
-
-async def _stop(
-    link: Link,
-    cmd: str,
-    timeout_s: float,
-    drain_timeout_s: float,
-    on_progress: Progress | None,
-    run_id: str | None,
-    extra_s: float,
-) -> dict[str, Any]:
-    return await link.request(
-        {"cmd": cmd, "run_id": run_id, "timeout_s": timeout_s, "drain_timeout_s": drain_timeout_s},
-        timeout=timeout_s + drain_timeout_s + extra_s,
-        on_progress=on_progress,
-    )
+    cmd = Launch(config_toml=text, overrides=check_overrides(overrides), name=name)
+    return _answer(Launched, cmd, await link.request(cmd, on_progress=on_progress))
 
 
 async def kill(
-    link: Link,
-    timeout_s: float = 60,
-    drain_timeout_s: float = 120,
-    on_progress: Progress | None = None,
+    link: Requester,
     run_id: str | None = None,
-) -> dict[str, Any]:
-    return await _stop(link, "kill", timeout_s, drain_timeout_s, on_progress, run_id, 30)
+    timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    on_progress: Progress | None = None,
+) -> Killed:
+    """SIGTERM the run's process group (the alive run unless `run_id`), SIGKILL after
+    `timeout_s`, then wait up to `drain_timeout_s` for its GPU memory."""
+    cmd = kill_command(run_id, timeout_s, drain_timeout_s)
+    return _answer(Killed, cmd, await link.request(cmd, on_progress=on_progress))
 
 
 async def restart(
-    link: Link,
-    timeout_s: float = 60,
-    drain_timeout_s: float = 120,
-    on_progress: Progress | None = None,
+    link: Requester,
     run_id: str | None = None,
-) -> dict[str, Any]:
-    # A restart also waits for the new run's first heartbeat.
-    return await _stop(link, "restart", timeout_s, drain_timeout_s, on_progress, run_id, 150)
+    timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    on_progress: Progress | None = None,
+) -> Restarted:
+    """Kill (when alive), wait for GPU memory, launch the same config in a new run dir; the
+    new run's first heartbeat is waited for too."""
+    cmd = restart_command(run_id, timeout_s, drain_timeout_s)
+    return _answer(Restarted, cmd, await link.request(cmd, on_progress=on_progress))
 
 
-async def dump_stacks(link: Link, pyspy: bool = True, run_id: str | None = None) -> dict[str, Any]:
-    return await link.request({"cmd": "dump_stacks", "run_id": run_id, "pyspy": pyspy}, timeout=60)
+async def dump_stacks(link: Requester, pyspy: bool = True, run_id: str | None = None) -> Stacks:
+    cmd = DumpStacks(run_id=run_id, pyspy=pyspy)
+    return _answer(Stacks, cmd, await link.request(cmd))
 
 
-async def clear_cache(link: Link) -> dict[str, Any]:
-    return await link.request({"cmd": "clear_compile_cache"}, timeout=120)
+async def clear_cache(link: Requester) -> CacheCleared:
+    cmd = ClearCompileCache()
+    return _answer(CacheCleared, cmd, await link.request(cmd))
 
 
-async def list_runs(link: Link, store: Any) -> list[dict[str, Any]]:
-    await link.request({"cmd": "list_runs"}, timeout=60)
+async def list_runs(link: Requester, store: Store) -> list[RunInfo]:
+    """The agent answers with a fresh `runs` event, which the store has folded by then."""
+    await link.request(ListRuns())
     return list(store.runs)
+
+
+async def follow(link: Requester, run_id: str) -> str | None:
+    """Follow `run_id` ("latest": the newest run, switching when a new one starts)."""
+    cmd = FollowRun(run_id=run_id)
+    return _answer(Followed, cmd, await link.request(cmd)).run_id
+
+
+async def read_file(link: Requester, name: str, run_id: str | None = None) -> FileText:
+    cmd = ReadFile(name=name, run_id=run_id)
+    return _answer(FileText, cmd, await link.request(cmd))

@@ -23,10 +23,6 @@ def rate(tok_s: Any) -> str:
     return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
-def gib(n: Any) -> str:
-    return f"{(n or 0) / (1 << 30):.1f}G"
-
-
 def spark(values: list[float], width: int, top: float | None = None) -> str:
     """The last `width` values as block characters, scaled to `top` (or their max)."""
     values = values[-width:]

@@ -13,8 +13,12 @@ heartbeat), 3 unreachable.
     {"kind": "event", "event": <agent or link event>}       as events arrive
     {"kind": "snapshot", "time": float, "state": <Store.to_json()>,
      "findings": [{"severity", "code", "title", "evidence", "action"}]}  per interval
+An agent event is as the agent sent it (trainer/contract/protocol.py), with every field of its
+record; a link event is {type: "link", t, state, detail, target, attempt, retry_in, version}
+or {type: "rtt", t, rtt_ms}; a line that was no event is {type: "unreadable", what, why}.
 Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase, phase_s,
-    step, tok_s, loss, queues, heartbeat_age_s, heartbeat_error, alive, exit,
+    step, tok_s, loss, queues, heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
+    outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
     gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
 """
 
@@ -28,13 +32,15 @@ import signal
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, TextIO
+from typing import TextIO
 
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
+from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
 from dflash_tui.link.link import Link
 from dflash_tui.state import ROLE_LETTER, Store
 from dflash_tui.targets import Target
+from trainer.contract.protocol import Line
 
 WIDTH = 120
 EXIT_OK, EXIT_WARNING, EXIT_CRITICAL, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -44,23 +50,23 @@ def gpu_summary(s: Store, unicode: bool = True) -> str:
     gpu = s.gpu
     if gpu is None:
         return "gpu ?"
-    if gpu.get("state") == "no_gpu":
+    if gpu.state == "no_gpu":
         return "no NVIDIA GPU"
-    if gpu.get("state") == "error":
+    if gpu.state == "error":
         return "gpu error"
     roles = s.gpu_roles()
     parts = []
-    for d in gpu.get("devices") or []:
-        role = roles.get(int(d["index"]), "")
+    for d in gpu.devices:
+        role = roles.get(d.index, "")
         letter = "".join(ROLE_LETTER.get(r, "?") for r in role.split("+") if r) or "-"
-        util = d.get("util")
+        util = d.util
         if util is None:
             bar = "?"
         elif unicode:
-            bar = BARS[min(7, int(util) * 8 // 101)]
+            bar = BARS[min(7, util * 8 // 101)]
         else:
-            bar = str(min(9, int(util) // 10))
-        parts.append(f"{letter}{int(d.get('mem_used', 0)) >> 30}{bar}")
+            bar = str(min(9, util // 10))
+        parts.append(f"{letter}{d.mem_used >> 30}{bar}")
     return " ".join(parts) or "no GPUs"
 
 
@@ -76,21 +82,25 @@ def status_line(
     if s.link.state != "connected" and s.hello is None:
         text = f"{clock} {s.link.state}: {s.link.detail}"
         return text[:width]
-    phase, in_phase = s.phase()
-    hb = s.heartbeat or {}
-    fields = [f"{clock} {phase or 'no run'}" + (f" {duration(in_phase)}" if phase else "")]
+    phase, in_phase = s.shown_phase()
+    hb = s.heartbeat
+    fields = [
+        f"{clock} {phase or 'no run'}"
+        + (f" {duration(in_phase)}" if phase and in_phase is not None else "")
+    ]
     if s.link.state != "connected":
         fields[0] += f" [{s.link.state}]"
-    if hb:
-        fields.append(f"step {hb.get('step', '?')}")
-        fields.append(rate(hb.get("tok_s")))
-    last = s.step_lines[-1] if s.step_lines else s.last_metrics()
-    if last and isinstance(last.get("loss"), int | float):
-        fields.append(f"loss {last['loss']:.3f}")
-    queues = hb.get("queues") or {}
-    if queues.get("q_pre") or queues.get("q_hs"):
-        pre = "/".join(str(q.get("depth")) for q in queues.get("q_pre", []))
-        hs = "/".join(str(q.get("depth")) for q in queues.get("q_hs", []))
+    if s.malformed:  # early: a 120-column line must not cut it off
+        fields.append(f"{s.malformed} malformed lines skipped")
+    if hb is not None:
+        fields.append(f"step {hb.step}")
+        fields.append(rate(hb.tok_s))
+    loss = s.last_loss()
+    if loss is not None:
+        fields.append(f"loss {loss:.3f}")
+    if hb is not None and (hb.queues.q_pre or hb.queues.q_hs):
+        pre = "/".join(str(q.depth) for q in hb.queues.q_pre)
+        hs = "/".join(str(q.depth) for q in hb.queues.q_hs)
         fields.append(f"q_pre {pre} q_hs {hs}")
     fields.append(gpu_summary(s, unicode))
     age = s.heartbeat_age(now)
@@ -144,21 +154,20 @@ class Headless:
         self.out.write(text + "\n")
         self.out.flush()
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: SinkEvent) -> None:
         self.store.apply(event)
         if self.once:
             return
         if self.as_json:
-            self.write(json.dumps({"kind": "event", "event": event}, default=str))
+            self.write(json.dumps({"kind": "event", "event": event_json(event)}, default=str))
             return
-        if event.get("type") == "line" and event.get("file") == "train.log":
-            text = str(event.get("text", ""))
-            if " step=" in text and event.get("run_id") == self.store.run_id:
-                self.write(text)  # step lines pass straight through
-        elif event.get("type") == "link" and event.get("state") in ("reconnecting", "refused"):
+        if isinstance(event, Line) and event.file == "train.log":
+            if " step=" in event.text and event.run_id == self.store.run_id:
+                self.write(event.text)  # step lines pass straight through
+        elif isinstance(event, LinkStatus) and event.state in ("reconnecting", "refused"):
             self.write(
-                f"link {event['state']}: {event.get('detail')}"
-                + (f" (retry in {event['retry_in']}s)" if event.get("retry_in") else "")
+                f"link {event.state}: {event.detail}"
+                + (f" (retry in {event.retry_in}s)" if event.retry_in else "")
             )
 
     def snapshot_text(self, findings: list[Finding] | None = None) -> str:

@@ -1,23 +1,55 @@
-"""The state store: folds link and agent events into what the views show.
+"""The state store: folds the link's typed events into what the views show.
 
 Pure Python: no asyncio, no textual, no torch. The headless view and the TUI both read it;
-diagnosis rules read it. `apply()` is cheap (a dict update or a deque append) so a view can
-feed it every event and redraw at its own pace, using `version` to skip idle redraws.
+diagnosis rules read it. `apply()` is cheap (a field update, a deque append, an insert into
+the bounded heartbeat history) so a view can feed it every event and redraw at its own pace,
+using `version` to skip idle redraws.
+
+Every field is a contract record (trainer/contract/) or a link event (dflash_tui/link/events.py):
+the views and rules read attributes that mypy checks, never `.get()` chains. A line or event
+that is not one, and a heartbeat, metrics row or telemetry line that does not decode, is
+counted in `malformed` (with the last reason) and skipped; the last good heartbeat stays.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from trainer.contract.steplines import parse_step_line
+from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
+from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, upgrade_note
+from trainer.contract.outcomes import RUNNING, UNKNOWN, Outcome, outcome_of
+from trainer.contract.phases import FINAL_PHASES
+from trainer.contract.protocol import (
+    Follow,
+    GpuDevice,
+    GpuSample,
+    HeartbeatError,
+    HeartbeatEvent,
+    Hello,
+    Line,
+    Liveness,
+    Log,
+    Progress,
+    RunInfo,
+    RunsEvent,
+    Truncated,
+)
+from trainer.contract.records import ExitRecord, MetricsRow, parse_metrics_line
+from trainer.contract.steplines import StepLine, parse_step_line
+from trainer.contract.telemetry import parse_telemetry_line
+from trainer.contract.typed import Unreadable, encode
 
 ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P"}
+
+# The heartbeat history the rules look back on (GIL, recompiles, allocator retries): every
+# live heartbeat and every telemetry.jsonl line, in `now` order, one per `now`, bounded.
+HISTORY_WINDOW_S = 3600.0  # newer than this before the newest one
+HISTORY_MAX = 2000  # and at most this many (a live heartbeat every <= 2 s: about an hour)
 
 
 @dataclass
@@ -29,6 +61,12 @@ class LinkInfo:
     retry_in: float | None = None
     rtt_ms: float | None = None
     sessions: int = 0
+
+
+class GpuPoint(NamedTuple):
+    t: float  # the agent's time of the sample
+    mem_used: int
+    util: int | None
 
 
 class Store:
@@ -43,27 +81,30 @@ class Store:
         self.clock = clock  # injectable: snapshot tests need a frozen "now"
         self.version = 0
         self.link = LinkInfo()
-        self.hello: dict[str, Any] | None = None
+        self.hello: Hello | None = None
         self.clock_offset: float | None = None  # local time - agent time (min seen)
-        self.gpu: dict[str, Any] | None = None
-        self.gpu_history: dict[int, deque[tuple[float, int, int | None]]] = {}
+        self.gpu: GpuSample | None = None
+        self.gpu_history: dict[int, deque[GpuPoint]] = {}
         self.history = history
         self.run_id: str | None = None
         self.run_dir: str | None = None
-        self.heartbeat: dict[str, Any] | None = None
+        self.heartbeat: Heartbeat | None = None
         self.heartbeat_error: str | None = None
+        self.heartbeats: list[Heartbeat] = []  # the bounded history, oldest first
         self.log_lines: deque[str] = deque(maxlen=log_capacity)
         self.log_total = 0  # train.log lines ever received for this run (views count from it)
-        self.step_lines: deque[dict[str, Any]] = deque(maxlen=log_capacity)
+        self.step_lines: deque[StepLine] = deque(maxlen=log_capacity)
         self.last_step_line_at: float | None = None  # agent time the last step line arrived
-        self.metrics: deque[dict[str, Any]] = deque(maxlen=history * 10)
+        self.metrics: deque[MetricsRow] = deque(maxlen=history * 10)
         self.launch_log: deque[str] = deque(maxlen=500)
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[RunInfo] = []
         self.runs_received = False
         self.alive_run: str | None = None
-        self.liveness: dict[str, Any] | None = None
+        self.liveness: Liveness | None = None
         self.notes: deque[tuple[float, str, str]] = deque(maxlen=200)
         self.follow_received = False
+        self.malformed = 0  # lines, events and records skipped as unreadable
+        self.malformed_last: str | None = None  # why the last one was
 
     # -- time ------------------------------------------------------------------------
     def remote_now(self, now: float | None = None) -> float:
@@ -71,53 +112,81 @@ class Store:
         now = self.clock() if now is None else now
         return now - (self.clock_offset or 0.0)
 
-    def _seen(self, t: Any) -> None:
-        if isinstance(t, int | float):
-            offset = self.clock() - t
-            # The smallest offset is the one with the least transit delay in it.
-            if self.clock_offset is None or offset < self.clock_offset:
-                self.clock_offset = offset
+    def _seen(self, t: float) -> None:
+        offset = self.clock() - t
+        # The smallest offset is the one with the least transit delay in it.
+        if self.clock_offset is None or offset < self.clock_offset:
+            self.clock_offset = offset
 
     # -- events ----------------------------------------------------------------------
-    def apply(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        handler = getattr(self, f"_on_{kind}", None)
-        if kind not in ("link", "rtt"):
-            self._seen(event.get("t"))
-        if handler is not None:
-            handler(event)
-            self.version += 1
+    def apply(self, event: SinkEvent) -> None:
+        if isinstance(event, LinkStatus):
+            self._on_link(event)
+        elif isinstance(event, Rtt):
+            self.link.rtt_ms = event.rtt_ms
+        elif isinstance(event, Unreadable):
+            self._skipped(event)
+        else:
+            if event.t:
+                self._seen(event.t)
+            if isinstance(event, Hello):
+                self.hello = event
+            elif isinstance(event, GpuSample):
+                self._on_gpu(event)
+            elif isinstance(event, Follow):
+                self._on_follow(event)
+            elif isinstance(event, HeartbeatEvent):
+                self._on_heartbeat(event)
+            elif isinstance(event, HeartbeatError):
+                self.heartbeat_error = event.error  # the last good heartbeat stays
+            elif isinstance(event, Line):
+                self._on_line(event)
+            elif isinstance(event, Truncated):
+                self.notes.append((self.clock(), "warning", f"{event.file} {event.reason}"))
+            elif isinstance(event, RunsEvent):
+                self.runs = list(event.runs)
+                self.alive_run = event.alive_run
+                self.runs_received = True
+            elif isinstance(event, Liveness):
+                if event.run_id == self.run_id:
+                    self.liveness = event
+            elif isinstance(event, Log):
+                self.notes.append((self.clock(), event.level, event.message))
+            elif isinstance(event, Progress):
+                self.notes.append((self.clock(), "info", event.message))
+            else:  # Result: the link hands it to the request that waits for it
+                return
+        self.version += 1
 
-    def _on_link(self, e: dict[str, Any]) -> None:
-        if e.get("state") != self.link.state:
+    def _skipped(self, why: Unreadable) -> None:
+        self.malformed += 1
+        self.malformed_last = str(why)
+
+    def _on_link(self, e: LinkStatus) -> None:
+        if e.state != self.link.state:
             self.link.since = self.clock()
-        self.link.state = str(e.get("state"))
-        self.link.detail = str(e.get("detail") or "")
-        self.link.attempt = int(e.get("attempt") or 0)
-        self.link.retry_in = e.get("retry_in")
-        if self.link.state == "connected":
+        self.link.state = e.state
+        self.link.detail = e.detail
+        self.link.attempt = e.attempt
+        self.link.retry_in = e.retry_in
+        if e.state == "connected":
             self.link.sessions += 1
             self.clock_offset = None  # a new agent, maybe a new host clock
 
-    def _on_rtt(self, e: dict[str, Any]) -> None:
-        self.link.rtt_ms = float(e["rtt_ms"])
-
-    def _on_hello(self, e: dict[str, Any]) -> None:
-        self.hello = e
-
-    def _on_gpu(self, e: dict[str, Any]) -> None:
+    def _on_gpu(self, e: GpuSample) -> None:
         self.gpu = e
-        t = float(e.get("t") or self.clock())
-        for d in e.get("devices") or []:
-            hist = self.gpu_history.setdefault(int(d["index"]), deque(maxlen=self.history))
-            hist.append((t, int(d.get("mem_used") or 0), d.get("util")))
+        t = e.t or self.clock()
+        for d in e.devices:
+            hist = self.gpu_history.setdefault(d.index, deque(maxlen=self.history))
+            hist.append(GpuPoint(t, d.mem_used, d.util))
 
-    def _on_follow(self, e: dict[str, Any]) -> None:
+    def _on_follow(self, e: Follow) -> None:
         self.follow_received = True
-        if e.get("run_id") != self.run_id:
-            self.run_id = e.get("run_id")
+        if e.run_id != self.run_id:
+            self.run_id = e.run_id
             self.heartbeat = None
             self.heartbeat_error = None
+            self.heartbeats.clear()
             self.log_lines.clear()
             self.log_total = 0
             self.step_lines.clear()
@@ -125,117 +194,165 @@ class Store:
             self.launch_log.clear()
             self.liveness = None
             self.last_step_line_at = None
-        self.run_dir = e.get("run_dir")
+        self.run_dir = e.run_dir
 
-    def _on_heartbeat(self, e: dict[str, Any]) -> None:
-        if e.get("run_id") == self.run_id:
-            self.heartbeat = e.get("data")
-            self.heartbeat_error = None
-
-    def _on_heartbeat_error(self, e: dict[str, Any]) -> None:
-        self.heartbeat_error = str(e.get("error"))  # the last good heartbeat stays
-
-    def _on_line(self, e: dict[str, Any]) -> None:
-        if e.get("run_id") != self.run_id:
+    def _on_heartbeat(self, e: HeartbeatEvent) -> None:
+        if e.run_id != self.run_id:
             return
-        text = str(e.get("text", ""))
-        name = e.get("file")
-        if name == "train.log":
-            self.log_lines.append(text)
+        hb = parse_heartbeat(e.data)
+        if isinstance(hb, Unreadable):
+            self._skipped(hb)
+            self.heartbeat_error = f"heartbeat unreadable: {hb.why}"  # the last good one stays
+            return
+        self.heartbeat = hb
+        self.heartbeat_error = None
+        self._remember(hb)
+
+    def _remember(self, hb: Heartbeat) -> None:
+        """Into the history: in `now` order, once per `now`, within the window and count."""
+        beats = self.heartbeats
+        i = bisect.bisect_left(beats, hb.now, key=lambda b: b.now)
+        if i < len(beats) and beats[i].now == hb.now:
+            return  # telemetry.jsonl repeats what the live heartbeat said (or a rewrite does)
+        beats.insert(i, hb)
+        edge = beats[-1].now - HISTORY_WINDOW_S
+        drop = max(len(beats) - HISTORY_MAX, bisect.bisect_left(beats, edge, key=lambda b: b.now))
+        if drop > 0:
+            del beats[:drop]
+
+    def _on_line(self, e: Line) -> None:
+        if e.run_id != self.run_id:
+            return
+        if e.file == "train.log":
+            self.log_lines.append(e.text)
             self.log_total += 1
-            line = parse_step_line(text)
+            line = parse_step_line(e.text)
             if line is not None:
-                parsed = dataclasses.asdict(line)
-                parsed["received"] = e.get("t")
-                self.step_lines.append(parsed)
-                self.last_step_line_at = float(e.get("t") or self.clock())
-        elif name == "metrics.jsonl":
-            try:
-                m = json.loads(text)
-            except ValueError:
-                return
-            if isinstance(m, dict):
-                self.metrics.append(m)
-        elif name == "launch.log":
-            self.launch_log.append(text)
-
-    def _on_truncated(self, e: dict[str, Any]) -> None:
-        self.notes.append((self.clock(), "warning", f"{e.get('file')} {e.get('reason')}"))
-
-    def _on_runs(self, e: dict[str, Any]) -> None:
-        self.runs = list(e.get("runs") or [])
-        self.alive_run = e.get("alive_run")
-        self.runs_received = True
-
-    def _on_liveness(self, e: dict[str, Any]) -> None:
-        if e.get("run_id") == self.run_id:
-            self.liveness = e
-
-    def _on_log(self, e: dict[str, Any]) -> None:
-        self.notes.append((self.clock(), str(e.get("level")), str(e.get("message"))))
-
-    def _on_progress(self, e: dict[str, Any]) -> None:
-        self.notes.append((self.clock(), "info", str(e.get("message"))))
+                self.step_lines.append(line)
+                self.last_step_line_at = e.t or self.clock()
+        elif e.file == "metrics.jsonl":
+            row = parse_metrics_line(e.text)
+            if isinstance(row, Unreadable):
+                self._skipped(row)
+            else:
+                self.metrics.append(row)
+        elif e.file == "telemetry.jsonl":
+            hb = parse_telemetry_line(e.text)
+            if isinstance(hb, Unreadable):
+                self._skipped(hb)
+            elif hb.run_id == self.run_id:
+                self._remember(hb)
+        elif e.file == "launch.log":
+            self.launch_log.append(e.text)
 
     # -- derived ---------------------------------------------------------------------
     def heartbeat_age(self, now: float | None = None) -> float | None:
-        hb = self.heartbeat
-        if not hb or not isinstance(hb.get("now"), int | float):
+        if self.heartbeat is None:
             return None
-        return max(0.0, self.remote_now(now) - float(hb["now"]))
+        return max(0.0, self.remote_now(now) - self.heartbeat.now)
 
     def phase(self) -> tuple[str | None, float | None]:
         hb = self.heartbeat
-        if not hb:
+        if hb is None:
             return None, None
-        started = hb.get("phase_started_at")
-        age = self.remote_now() - float(started) if isinstance(started, int | float) else None
-        return hb.get("phase"), age
+        age = self.remote_now() - hb.phase_started_at if hb.phase_started_at else None
+        return hb.phase, age
 
-    def current_run(self) -> dict[str, Any] | None:
-        return next((r for r in self.runs if r.get("run_id") == self.run_id), None)
+    def current_run(self) -> RunInfo | None:
+        return next((r for r in self.runs if r.run_id == self.run_id), None)
 
-    def exit_info(self) -> dict[str, Any] | None:
-        if self.liveness and self.liveness.get("exit"):
-            return dict(self.liveness["exit"])
+    def exit_info(self) -> ExitRecord | None:
+        if self.liveness is not None and self.liveness.exit is not None:
+            return self.liveness.exit
         run = self.current_run()
-        return run.get("exit") if run else None
+        return run.exit if run else None
 
     def process_alive(self) -> bool | None:
         if self.liveness is not None:
-            return bool(self.liveness.get("alive"))
+            return self.liveness.alive
         run = self.current_run()
-        return None if run is None else bool(run.get("alive"))
+        return None if run is None else run.alive
+
+    def ended(self) -> bool:
+        """The run is over: an exit record, a dead process, or a final phase."""
+        hb = self.heartbeat
+        return (
+            self.exit_info() is not None
+            or self.process_alive() is False
+            or (hb is not None and hb.phase in FINAL_PHASES)
+        )
+
+    def outcome(self) -> Outcome | None:
+        """How the followed run ended (trainer/contract/outcomes.py); None while it runs."""
+        if self.run_id is None or not self.ended():
+            return None
+        alive = self.process_alive() is True and self.exit_info() is None
+        got = outcome_of(alive, self.heartbeat, self.exit_info())
+        return None if got.kind in (RUNNING, UNKNOWN) else got
+
+    def shown_phase(self) -> tuple[str | None, float | None]:
+        """What the status line and header say: the phase while the run lives, how it ended
+        once it did (a run stopped at step 51 says `stopped`, whatever its last phase)."""
+        phase, age = self.phase()
+        outcome = self.outcome()
+        if outcome is not None:
+            return outcome.kind.replace("_", " "), age if phase in FINAL_PHASES else None
+        return phase, age
+
+    def heartbeat_note(self) -> str | None:
+        """`heartbeat schema 3: upgrade dflash-tui …` for a heartbeat newer than this reader."""
+        return upgrade_note(self.heartbeat) if self.heartbeat is not None else None
+
+    # -- GPUs --------------------------------------------------------------------------
+    def gpu_devices(self) -> dict[int, GpuDevice]:
+        return {d.index: d for d in self.gpu.devices} if self.gpu else {}
+
+    def gpu_index(self, device: str) -> int | None:
+        """The NVML index of a trainer device ("cuda:3"): by UUID when the heartbeat has it
+        (the trainer's cuda:N is renumbered by CUDA_VISIBLE_DEVICES), else N."""
+        if not device.startswith("cuda"):
+            return None
+        ids = self.heartbeat.devices if self.heartbeat else {}
+        uuid = (ids[device].uuid or "") if device in ids else ""
+        if uuid:
+            by_uuid = {d.uuid.removeprefix("GPU-"): i for i, d in self.gpu_devices().items()}
+            index = by_uuid.get(uuid.removeprefix("GPU-"))
+            if index is not None:
+                return index
+        try:
+            return int(device.split(":")[1]) if ":" in device else 0
+        except ValueError:
+            return None
+
+    def thread_gpu(self, thread: ThreadInfo) -> int | None:
+        """The sampled GPU a thread runs on; None without one (or without GPU samples)."""
+        index = self.gpu_index(thread.device)
+        return index if index in self.gpu_devices() else None
 
     def gpu_roles(self) -> dict[int, str]:
-        """GPU index -> role(s) from the heartbeat's threads, matched by UUID when known."""
-        hb = self.heartbeat or {}
-        devices = (self.gpu or {}).get("devices") or []
-        by_uuid = {str(d.get("uuid", "")).removeprefix("GPU-"): int(d["index"]) for d in devices}
-        ids = hb.get("devices") or {}
+        """GPU index -> role(s) from the heartbeat's threads ("prefetch+target")."""
         roles: dict[int, set[str]] = {}
-        for t in hb.get("threads") or []:
-            dev = str(t.get("device", ""))
-            if not dev.startswith("cuda"):
-                continue
-            uuid = str((ids.get(dev) or {}).get("uuid") or "").removeprefix("GPU-")
-            index = by_uuid.get(uuid)
-            if index is None:
-                try:
-                    index = int(dev.split(":")[1]) if ":" in dev else 0
-                except ValueError:
-                    continue
-            roles.setdefault(index, set()).add(str(t.get("role")))
+        for t in self.heartbeat.threads if self.heartbeat else []:
+            index = self.gpu_index(t.device)
+            if index is not None:
+                roles.setdefault(index, set()).add(t.role)
         return {i: "+".join(sorted(r)) for i, r in roles.items()}
 
-    def last_metrics(self) -> dict[str, Any] | None:
+    def last_metrics(self) -> MetricsRow | None:
         return self.metrics[-1] if self.metrics else None
+
+    def last_loss(self) -> float | None:
+        if self.step_lines:
+            return self.step_lines[-1].loss
+        last = self.last_metrics()
+        return last.loss if last else None
 
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         """A snapshot for --json (schema in dflash_tui/headless.py)."""
         phase, in_phase = self.phase()
-        hb = self.heartbeat or {}
-        last = self.step_lines[-1] if self.step_lines else None
+        hb = self.heartbeat
+        roles = self.gpu_roles()
+        outcome = self.outcome()
         return {
             "target": self.target,
             "link": {
@@ -247,20 +364,27 @@ class Store:
             "run_id": self.run_id,
             "phase": phase,
             "phase_s": in_phase,
-            "step": hb.get("step"),
-            "tok_s": hb.get("tok_s"),
-            "loss": last["loss"] if last else (self.last_metrics() or {}).get("loss"),
-            "queues": hb.get("queues"),
+            "step": hb.step if hb else None,
+            "tok_s": hb.tok_s if hb else None,
+            "loss": self.last_loss(),
+            "queues": encode(hb.queues) if hb else None,
             "heartbeat_age_s": self.heartbeat_age(now),
             "heartbeat_error": self.heartbeat_error,
+            "heartbeat_note": self.heartbeat_note(),
             "alive": self.process_alive(),
-            "exit": self.exit_info(),
+            "exit": encode(self.exit_info()),
+            "outcome": {"kind": outcome.kind, "summary": outcome.summary} if outcome else None,
+            "malformed": self.malformed,
             "gpus": [
                 {
-                    **{k: d.get(k) for k in ("index", "name", "mem_used", "mem_total", "util")},
-                    "role": self.gpu_roles().get(int(d["index"])),
+                    "index": d.index,
+                    "name": d.name,
+                    "mem_used": d.mem_used,
+                    "mem_total": d.mem_total,
+                    "util": d.util,
+                    "role": roles.get(d.index),
                 }
-                for d in (self.gpu or {}).get("devices") or []
+                for d in (self.gpu.devices if self.gpu else [])
             ],
-            "gpu_state": (self.gpu or {}).get("state"),
+            "gpu_state": self.gpu.state if self.gpu else None,
         }

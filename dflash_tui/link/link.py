@@ -3,23 +3,44 @@
 - Reconnects with exponential backoff and jitter, saying what it is doing in `link` events.
 - Remembers, per run and file, the byte offset after the last line it delivered. A new
   session resumes from there, and any line before it is dropped: no loss, no duplicates.
-- `request()` sends a command and waits for its result (progress events pass through).
+- Decodes every agent line at the boundary (trainer/contract/protocol.py) and hands the sink
+  typed events; a line that is not one goes to the sink as `Unreadable`. Nothing that one
+  event does (decoding it, or the sink folding it) can end the session.
+- `request()` sends a contract `Command` and waits for its result (progress events pass
+  through); its timeout is the command's `client_timeout()` unless given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
+from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
 from dflash_tui.link.transport import ConnectError, agent_source, make_transport
 from dflash_tui.targets import Target
+from trainer.contract.protocol import (
+    Command,
+    Event,
+    Follow,
+    FollowRun,
+    Hello,
+    Line,
+    Ping,
+    Progress,
+    Result,
+    Truncated,
+    decode_event_line,
+)
+from trainer.contract.typed import Unreadable
 
-EventSink = Callable[[dict[str, Any]], None]
+EventSink = Callable[[SinkEvent], None]
+ProgressSink = Callable[[Progress], None]
 
 
 class LinkError(Exception):
@@ -49,8 +70,8 @@ class Link:
         self._connected = asyncio.Event()
         self._fatal: str | None = None
         self._ids = 0
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._progress: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._pending: dict[int, asyncio.Future[Result]] = {}
+        self._progress: dict[int, ProgressSink] = {}
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._write_lock = asyncio.Lock()
@@ -58,18 +79,27 @@ class Link:
         self.sessions = 0
 
     # -- status ------------------------------------------------------------------------
-    def _status(self, state: str, detail: str = "", **extra: Any) -> None:
+    def _status(
+        self,
+        state: str,
+        detail: str = "",
+        attempt: int = 0,
+        retry_in: float | None = None,
+        version: int | None = None,
+    ) -> None:
         self.state = state
-        self.sink(
-            {
-                "type": "link",
-                "t": time.time(),
-                "state": state,
-                "detail": detail,
-                "target": self.target.name,
-                **extra,
-            }
+        self._deliver(
+            LinkStatus(state, detail, self.target.name, attempt, retry_in, version, time.time())
         )
+
+    def _deliver(self, event: SinkEvent) -> None:
+        """Hand one event to the sink; a sink that trips on it costs that event only."""
+        try:
+            self.sink(event)
+        except Exception as e:
+            what = event.what if isinstance(event, Unreadable) else type(event).__name__
+            with contextlib.suppress(Exception):
+                self.sink(Unreadable(what, f"could not be applied: {type(e).__name__}: {e}"))
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> asyncio.Task[None]:
@@ -145,16 +175,16 @@ class Link:
 
     async def _session(self, agent: Any) -> str:
         """Run one agent session until it ends; returns why it ended."""
-        hello = await self._read_event(agent, first=True)
+        hello = await self._read_hello(agent)
         if hello is None:
             tail = (await agent.stderr_tail()).strip()
             status = await agent.exit_status()
             last = tail.splitlines()[-1] if tail else "no output"
             raise ConnectError(f"agent did not start (exit {status}): {last}")
         self.sessions += 1
-        self.sink(hello)
+        self._deliver(hello)
         self._connected.set()
-        self._status("connected", self.transport.describe(), version=hello.get("version"))
+        self._status("connected", self.transport.describe(), version=hello.version)
         if self.follow_target is not None:
             await self._send_follow(agent)
         pinger = asyncio.get_running_loop().create_task(self._pinger())
@@ -169,40 +199,38 @@ class Link:
         finally:
             pinger.cancel()
 
-    async def _read_event(self, agent: Any, first: bool = False) -> dict[str, Any] | None:
-        while True:
-            try:
-                raw = await agent.readline()
-            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+    async def _read_line(self, agent: Any) -> bytes | None:
+        try:
+            raw: bytes = await agent.readline()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            return None
+        except Exception as e:  # asyncssh raises its own on a dropped connection
+            if type(e).__module__.startswith("asyncssh"):
                 return None
-            except Exception as e:  # asyncssh raises its own on a dropped connection
-                if type(e).__module__.startswith("asyncssh"):
-                    return None
-                raise
-            if not raw:
-                return None
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                if first:
-                    continue  # a login banner or shell noise before the agent speaks
-                self.sink(
-                    {
-                        "type": "log",
-                        "t": time.time(),
-                        "level": "warning",
-                        "message": f"agent: unreadable line {raw[:200]!r}",
-                    }
-                )
-                continue
-            if isinstance(event, dict) and "type" in event:
+            raise
+        return raw or None
+
+    async def _read_hello(self, agent: Any) -> Hello | None:
+        """The agent's first event. Lines before it that are not events are a login banner
+        or shell noise: skipped. Events before it are delivered as they come."""
+        while (raw := await self._read_line(agent)) is not None:
+            event = decode_event_line(raw)
+            if isinstance(event, Hello):
                 return event
+            if isinstance(event, Event):
+                self._dispatch(event)
+        return None
+
+    async def _read_event(self, agent: Any) -> Event | Unreadable | None:
+        """The next line as an event, or as why it is not one; None when the channel closed."""
+        raw = await self._read_line(agent)
+        return None if raw is None else decode_event_line(raw)
 
     async def _send_follow(self, agent: Any) -> None:
-        cmd: dict[str, Any] = {"cmd": "follow", "id": self._next_id(), "run_id": self.follow_target}
+        cmd = FollowRun(id=self._next_id(), run_id=self.follow_target or "latest")
         if self.run_id is not None:
-            cmd["offsets_run_id"] = self.run_id
-            cmd["offsets"] = dict(self.offsets.get(self.run_id, {}))
+            cmd.offsets_run_id = self.run_id
+            cmd.offsets = dict(self.offsets.get(self.run_id, {}))
         await self._write(agent, cmd)
 
     async def _pinger(self) -> None:
@@ -210,73 +238,80 @@ class Link:
             await asyncio.sleep(self.PING_EVERY_S)
             t0 = time.monotonic()
             with contextlib.suppress(Exception):
-                await self.request({"cmd": "ping"}, timeout=self.PING_EVERY_S)
-                self.sink(
-                    {"type": "rtt", "t": time.time(), "rtt_ms": (time.monotonic() - t0) * 1e3}
-                )
+                await self.request(Ping(), timeout=self.PING_EVERY_S)
+                self._deliver(Rtt((time.monotonic() - t0) * 1e3))
 
     # -- events ------------------------------------------------------------------------
-    def _dispatch(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "line":
-            run, name = event.get("run_id"), event.get("file")
-            known = self.offsets.setdefault(str(run), {})
-            if event.get("offset", 0) < known.get(str(name), -1):
-                return  # already delivered in an earlier session
-            known[str(name)] = int(event.get("end", 0))
-        elif kind == "truncated":
-            known = self.offsets.setdefault(str(event.get("run_id")), {})
-            known[str(event.get("file"))] = (
-                0 if event.get("reason") == "replaced" else int(event.get("size", 0))
-            )
-        elif kind == "follow":
-            self.run_id = event.get("run_id")
-        elif kind == "result":
-            fut = self._pending.pop(int(event.get("id", -1)), None)
-            self._progress.pop(int(event.get("id", -1)), None)
+    def _dispatch(self, event: Event | Unreadable) -> None:
+        try:
+            if not self._route(event):
+                return
+        except Exception as e:  # a bug in routing one event must not end the session
+            event = Unreadable(type(event).__name__, f"{type(e).__name__}: {e}")
+        self._deliver(event)
+
+    def _route(self, event: Event | Unreadable) -> bool:
+        """The link's own bookkeeping for one event; False to drop it (already delivered)."""
+        if isinstance(event, Line):
+            known = self.offsets.setdefault(event.run_id, {})
+            if event.offset < known.get(event.file, -1):
+                return False  # already delivered in an earlier session
+            known[event.file] = event.end
+        elif isinstance(event, Truncated):
+            known = self.offsets.setdefault(event.run_id, {})
+            known[event.file] = 0 if event.reason == "replaced" else event.size
+        elif isinstance(event, Follow):
+            self.run_id = event.run_id
+        elif isinstance(event, Result) and event.id is not None:
+            fut = self._pending.pop(event.id, None)
+            self._progress.pop(event.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(event)
-        elif kind == "progress":
-            cb = self._progress.get(int(event.get("id", -1)))
+        elif isinstance(event, Progress) and event.id is not None:
+            cb = self._progress.get(event.id)
             if cb is not None:
-                cb(event)
-        self.sink(event)
+                with contextlib.suppress(Exception):  # a view's callback, not the link's
+                    cb(event)
+        return True
 
     # -- commands ----------------------------------------------------------------------
     def _next_id(self) -> int:
         self._ids += 1
         return self._ids
 
-    async def _write(self, agent: Any, cmd: dict[str, Any]) -> None:
+    async def _write(self, agent: Any, cmd: Command) -> None:
         async with self._write_lock:
-            await agent.write((json.dumps(cmd) + "\n").encode())
+            await agent.write((json.dumps(cmd.to_json()) + "\n").encode())
 
     async def request(
         self,
-        cmd: dict[str, Any],
-        timeout: float | None = 60.0,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        cmd: Command,
+        timeout: float | None = None,
+        on_progress: ProgressSink | None = None,
         connect_timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """Send a command; return its `data`, or raise LinkError with the agent's error."""
+        """Send a command; return its `data`, or raise LinkError with the agent's error.
+        `timeout`: seconds to wait for the result, by default the command's own."""
+        timeout = cmd.client_timeout() if timeout is None else timeout
         await self.wait_connected(connect_timeout)
         cid = self._next_id()
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._pending[cid] = fut
         if on_progress is not None:
             self._progress[cid] = on_progress
         agent = self._agent
         if agent is None:
             raise LinkError("not connected")
-        await self._write(agent, {**cmd, "id": cid})
+        await self._write(agent, dataclasses.replace(cmd, id=cid))
         try:
             result = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             self._pending.pop(cid, None)
-            raise LinkError(f"{cmd.get('cmd')}: no answer within {timeout:.0f}s") from None
-        if not result.get("ok"):
-            raise LinkError(str(result.get("error") or "failed"))
-        data: dict[str, Any] = result.get("data") or {}
+            self._progress.pop(cid, None)
+            raise LinkError(f"{cmd.cmd}: no answer within {timeout:.0f}s") from None
+        if not result.ok:
+            raise LinkError(str(result.error or "failed"))
+        data = result.data if isinstance(result.data, dict) else {}
         return data
 
     def _fail_pending(self, reason: str) -> None:

@@ -1,5 +1,6 @@
 """The GPUs pane: one row per device with role, memory against total and against what the
-role needed in earlier runs, utilisation, power, temperature, and their history."""
+role held in earlier comparable runs (dflash_tui/facts.py: the number `memory_short` uses),
+utilisation, power, temperature, and their history."""
 
 from __future__ import annotations
 
@@ -9,22 +10,19 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui.diagnosis import DEFAULT_CONFIG
+from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
 from dflash_tui.state import Store
 
 ROLE_COLOUR = {"target": "cyan", "drafter": "magenta", "prefetch": "yellow"}
 
 
-def expected_memory(s: Store) -> dict[str, int]:
-    """{role: bytes}: the largest memory that role held in an earlier run of this config."""
-    name = (s.current_run() or {}).get("name")
-    out: dict[str, int] = {}
-    for r in s.runs:
-        if r.get("run_id") == s.run_id or (name and r.get("name") != name):
-            continue
-        for role, peak in (r.get("role_memory") or {}).items():
-            out[role] = max(out.get(role, 0), int(peak or 0))
-    return out
+def expected_bytes(s: Store, role: str) -> float:
+    """What a GPU of `role` ("prefetch+target") should hold: the largest expectation of its
+    roles; 0 when no earlier comparable run says."""
+    expect = expected_memory(s)
+    return max((expect[r].usual for r in role.split("+") if r in expect), default=0.0)
 
 
 class GpuPane(Static):
@@ -37,20 +35,15 @@ class GpuPane(Static):
         if gpu is None:
             self.update(Text("waiting for GPU samples…", style="dim"))
             return
-        if gpu.get("state") == "no_gpu":
+        if gpu.state == "no_gpu":
             self.update(
-                Text.assemble(
-                    ("no NVIDIA GPU", "bold"),
-                    " on this host — ",
-                    (str(gpu.get("reason", "")), "dim"),
-                )
+                Text.assemble(("no NVIDIA GPU", "bold"), " on this host — ", (gpu.reason, "dim"))
             )
             return
-        if gpu.get("state") == "error":
-            self.update(Text(f"GPU sampling failed: {gpu.get('reason')}", style="bold red"))
+        if gpu.state == "error":
+            self.update(Text(f"GPU sampling failed: {gpu.reason}", style="bold red"))
             return
         roles = s.gpu_roles()
-        expect = expected_memory(s)
         table = Table.grid(padding=(0, 1), expand=True)
         columns: tuple[tuple[str, dict[str, Any]], ...] = (
             ("#", {"width": 2}),
@@ -64,21 +57,22 @@ class GpuPane(Static):
         )
         for col, kw in columns:
             table.add_column(col, no_wrap=True, overflow="crop", **kw)
-        for d in gpu.get("devices") or []:
-            i = int(d["index"])
+        for d in gpu.devices:
+            i = d.index
             role = roles.get(i, "")
             colour = ROLE_COLOUR.get(role.split("+")[0], "white")
-            used, total = int(d.get("mem_used") or 0), int(d.get("mem_total") or 1)
-            want = max((expect.get(r, 0) for r in role.split("+") if r), default=0)
+            used, total = d.mem_used, d.mem_total or 1
+            want = expected_bytes(s, role)
             mem = Text(bar(used / total, 10), style=colour)
             mem.append(f" {used / (1 << 30):5.1f}/{total / (1 << 30):.0f}G")
             if want:
-                # Against what this role held in an earlier run: 58% means "not loaded yet"
-                # or "a smaller batch", a red flag on a drafter.
+                # Against what this role held in earlier runs: 58% means "not loaded yet"
+                # or "a smaller batch", a red flag on a drafter (memory_short's bar).
                 ratio = used / want
-                mem.append(f" {ratio:4.0%} exp", style="bold red" if ratio < 0.9 else "dim")
+                short = ratio < DEFAULT_CONFIG.role_memory_frac
+                mem.append(f" {ratio:4.0%} exp", style="bold red" if short else "dim")
             hist = list(s.gpu_history.get(i, []))
-            util = d.get("util")
+            util = d.util
             table.add_row(
                 str(i),
                 Text(role or "—", style=colour),
@@ -87,9 +81,9 @@ class GpuPane(Static):
                     f"{util}%" if util is not None else "?",
                     style="bold green" if (util or 0) >= 50 else "dim",
                 ),
-                f"{d['power_w']:.0f}W" if d.get("power_w") is not None else "?",
-                f"{d['temp_c']}C" if d.get("temp_c") is not None else "?",
-                Text(spark([float(h[2] or 0) for h in hist], 40, 100.0), style="green"),
-                Text(spark([float(h[1]) for h in hist], 40, float(total)), style=colour),
+                f"{d.power_w:.0f}W" if d.power_w is not None else "?",
+                f"{d.temp_c}C" if d.temp_c is not None else "?",
+                Text(spark([float(h.util or 0) for h in hist], 40, 100.0), style="green"),
+                Text(spark([float(h.mem_used) for h in hist], 40, float(total)), style=colour),
             )
         self.update(table)

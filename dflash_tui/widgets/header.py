@@ -1,4 +1,5 @@
-"""The top bar: target, connection and round trip, run id, phase and time in it."""
+"""The top bar: target, connection and round trip, run id, phase (or how the run ended) and
+time in it, and how many malformed lines were skipped."""
 
 from __future__ import annotations
 
@@ -32,12 +33,19 @@ class StatusBar(Static):
             t.append(f" (retry in {s.link.retry_in:.1f}s)", style="yellow")
         t.append("   run ")
         t.append(s.run_id or "—", style="bold")
-        phase, age = s.phase()
+        phase, age = s.shown_phase()
         if phase:
-            style = {"training": "bold green", "crashed": "bold red", "finished": "cyan"}.get(
-                phase, "bold yellow"
-            )
+            style = {
+                "training": "bold green",
+                "crashed": "bold red",
+                "killed": "bold red",
+                "died before start": "bold red",
+                "finished": "cyan",
+            }.get(phase, "bold yellow")
             t.append("   ")
             t.append(f" {phase} ", style=f"reverse {style}")
-            t.append(f" {duration(age)}")
+            if age is not None:
+                t.append(f" {duration(age)}")
+        if s.malformed:
+            t.append(f"   {s.malformed} malformed lines skipped", style="yellow")
         self.update(t)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widget import Widget
 from textual_plotext import PlotextPlot
 
 from dflash_tui.state import Store
+from trainer.contract.records import MetricsRow
+from trainer.contract.steplines import StepLine
 
 
 class Plots(Widget):
@@ -25,28 +29,25 @@ class Plots(Widget):
             yield PlotextPlot(id="plot-mem")
 
     def update_from(self, s: Store) -> None:
-        rows = [m for m in s.metrics if isinstance(m.get("step"), int)]
+        rows: Sequence[MetricsRow | StepLine] = list(s.metrics)
         if not rows and s.step_lines:  # a trainer without metrics.jsonl: use the step lines
-            rows = [dict(r) for r in s.step_lines]
-        steps = [r["step"] for r in rows]
-        self._line("plot-toks", "tok/s", steps, {"tok/s": [r.get("tok_s", 0) for r in rows]})
-        self._line("plot-loss", "loss", steps, {"loss": [r.get("loss", 0) for r in rows]})
+            rows = list(s.step_lines)
+        steps = [r.step for r in rows]
+        self._line("plot-toks", "tok/s", steps, {"tok/s": [r.tok_s for r in rows]})
+        self._line("plot-loss", "loss", steps, {"loss": [r.loss for r in rows]})
         self._line(
             "plot-acc",
             "acc · streak",
             steps,
-            {
-                "acc": [r.get("acc", 0) for r in rows],
-                "streak": [r.get("streak", 0) for r in rows],
-            },
+            {"acc": [r.acc for r in rows], "streak": [r.streak for r in rows]},
         )
         now = s.clock()
         series = {}
         x: list[float] = []
         for index, hist in sorted(s.gpu_history.items()):
             pts = list(hist)[-600:]
-            x = [p[0] - now for p in pts]
-            series[f"gpu{index}"] = [p[1] / (1 << 30) for p in pts]
+            x = [p.t - now for p in pts]
+            series[f"gpu{index}"] = [p.mem_used / (1 << 30) for p in pts]
         self._line("plot-mem", "GPU mem GB (s ago)", x, series)
 
     def _line(self, wid: str, title: str, x: list, series: dict[str, list]) -> None:

@@ -16,14 +16,14 @@ class QueuePane(Static):
     """
 
     def update_from(self, s: Store) -> None:
-        queues = (s.heartbeat or {}).get("queues") or {}
+        queues = s.heartbeat.queues if s.heartbeat else None
         t = Table.grid(padding=(0, 1))
         t.add_column(width=9)
         t.add_column(width=20)
         t.add_column()
-        for name in ("q_pre", "q_hs"):
-            for i, q in enumerate(queues.get(name) or []):
-                depth, cap = int(q.get("depth") or 0), max(1, int(q.get("capacity") or 1))
+        for name, depths in (("q_pre", queues.q_pre), ("q_hs", queues.q_hs)) if queues else ():
+            for i, q in enumerate(depths):
+                depth, cap = q.depth, max(1, q.capacity)
                 frac = depth / cap
                 colour = "red" if frac == 0 else "yellow" if frac >= 1 else "green"
                 t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), f"{depth}/{cap}")

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
+
+from dflash_tui.facts import run_outcome
+from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
+from trainer.contract.protocol import RunInfo
+
+OUTCOME_STYLE = {
+    RUNNING: "green",
+    FINISHED: "green",
+    STOPPED_EARLY: "yellow",
+    CRASH: "red",
+    KILLED: "red",
+    DIED: "red",
+}
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -101,7 +112,7 @@ class FilterScreen(ModalScreen[str | None]):
 
 
 class RunsScreen(ModalScreen[str | None]):
-    """Runs under the run root, with how each ended; Enter picks one to show."""
+    """Runs under the run root, with how each ended (the outcome's words); Enter picks one."""
 
     BINDINGS = [Binding("escape,q", "cancel", "back"), Binding("a", "latest", "follow latest")]
     DEFAULT_CSS = """
@@ -111,7 +122,7 @@ class RunsScreen(ModalScreen[str | None]):
     RunsScreen DataTable { height: 1fr; }
     """
 
-    def __init__(self, runs: list[dict[str, Any]], current: str | None) -> None:
+    def __init__(self, runs: list[RunInfo], current: str | None) -> None:
         super().__init__()
         self.runs, self.current = runs, current
 
@@ -126,31 +137,23 @@ class RunsScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("run id", "ended", "phase", "steps", "best tok/s", "error")
+        table.add_columns("run id", "outcome", "phase", "steps", "best tok/s", "error")
         for r in reversed(self.runs):
-            ex = r.get("exit") or {}
-            if r.get("alive"):
-                ended = Text("alive", style="green")
-            elif ex.get("signal"):
-                ended = Text(f"signal {ex['signal']}", style="yellow")
-            elif ex:
-                code = ex.get("exit_code")
-                ended = Text(f"exit {code}", style="green" if code == 0 else "red")
-            else:
-                ended = Text("unknown", style="dim")
-            best = r.get("best_tok_s")
+            outcome = run_outcome(r)
+            ended = Text(outcome.summary[:60], style=OUTCOME_STYLE.get(outcome.kind, "dim"))
+            best = r.best_tok_s
             table.add_row(
-                r["run_id"],
+                r.run_id,
                 ended,
-                str(r.get("phase") or "—"),
-                str(r.get("steps") or 0),
+                r.phase or "—",
+                str(r.steps),
                 f"{best:,.0f}" if best else "—",
-                str(r.get("error") or "")[:50],
-                key=r["run_id"],
+                (r.error or "")[:50],
+                key=r.run_id,
             )
         if self.current:
             for i, r in enumerate(reversed(self.runs)):
-                if r["run_id"] == self.current:
+                if r.run_id == self.current:
                     table.move_cursor(row=i)
         table.focus()
 

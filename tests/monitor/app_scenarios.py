@@ -1,6 +1,7 @@
 """Scripted event streams for the TUI: what an agent would send about an 8-GPU run.
 
-Times are relative to a fixed NOW so that snapshots never change with the clock.
+Times are relative to a fixed NOW so that snapshots never change with the clock. The events
+are dicts as the agent sends them; `typed()` puts them through the contract's decoder.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from monitor_helpers import typed_event
+
+from dflash_tui.link.events import SinkEvent
+
 NOW = 1_800_000_000.0
 SEED = Path(__file__).resolve().parents[1] / "fixtures" / "seed-scenarios"
 RUN = "20260520-094738-qwen36-27b-a1b2"
@@ -16,6 +21,12 @@ SHA = "9cc00a7b620d18c8" + "0" * 48
 GIB = 1 << 30
 # GPUs 0-3 target copies, GPU 4 prefetch/target, GPUs 5-7 drafter replicas (seed README).
 ROLES = ["target"] * 5 + ["drafter"] * 3
+# Both runs do the same work on the same hardware (trainer/contract/comparable.py).
+SIGNATURE = {"shape": "qwen36-27b", "layout": "5 targets, 3 drafters", "device_kind": "NVIDIA H200"}
+
+
+def typed(events: list[dict[str, Any]]) -> list[SinkEvent]:
+    return [typed_event(e) for e in events]
 
 
 def step_line(step: int, loss: float, toks: float, minutes: int) -> str:
@@ -180,11 +191,16 @@ def healthy(now: float = NOW, steps: int = 40) -> list[dict[str, Any]]:
                     "alive": False,
                     "phase": "finished",
                     "step": 5000,
-                    "exit": {"exit_code": 0},
+                    "exit": {"run_id": "20260519-194100-qwen36-27b-0001", "exit_code": 0},
                     "best_tok_s": 21500.0,
                     "steps": 5000,
-                    "phases": {"compiling": 252.0},
-                    "role_memory": {"target": 96 * GIB, "drafter": 79 * GIB},
+                    "phases": {"compiling": 252.0, "training": 9000.0},
+                    # Targets peaked at 80 GiB: this run's ~77 GB is as usual (it said 96 GiB
+                    # until the GPU pane and memory_short used one number: the pane drew the
+                    # targets red at 81% while the alerts said nothing was wrong).
+                    "role_memory": {"target": 80 * GIB, "drafter": 79 * GIB},
+                    "signature": SIGNATURE,
+                    "created": now - 90000,
                 },
                 {
                     "run_id": RUN,
@@ -197,6 +213,8 @@ def healthy(now: float = NOW, steps: int = 40) -> list[dict[str, Any]]:
                     "steps": 870,
                     "phases": {"compiling": 240.0},
                     "role_memory": {},
+                    "signature": SIGNATURE,
+                    "created": now - 479 * 60,
                 },
             ],
         },
@@ -279,7 +297,7 @@ def alert_state(now: float = NOW) -> list[dict[str, Any]]:
             "alive": False,
             "pid": 4242,
             "pgid": 4242,
-            "exit": {"exit_code": 1, "signal": None, "final_phase": "crashed"},
+            "exit": {"run_id": RUN, "exit_code": 1, "signal": None, "final_phase": "crashed"},
         }
     )
     return ev

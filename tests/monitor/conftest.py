@@ -11,6 +11,7 @@ import pytest
 from monitor_helpers import Remote
 
 from dflash_tui.targets import Target
+from trainer.contract.protocol import Kill
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def remote_factory(tmp_path: Path) -> Iterator[Callable[..., Remote]]:
         # Never leave a trainer behind: kill whatever is alive under the test's run roots.
         try:
             if r.link.state == "connected":
-                r.request({"cmd": "kill", "timeout_s": 10, "drain_timeout_s": 5}, timeout=40)
+                r.request(Kill(timeout_s=10, drain_timeout_s=5), timeout=40)
         except Exception:
             pass
         r.close()

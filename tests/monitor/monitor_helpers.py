@@ -1,4 +1,6 @@
-"""Helpers for monitor tests: a Link and Store driven from synchronous test code."""
+"""Helpers for monitor tests: a Link and Store driven from synchronous test code, and
+`typed_event`: a hand-written event (a dict, as the agent sends it) through the contract's
+decoder, as the link hands it to its sink."""
 
 from __future__ import annotations
 
@@ -9,17 +11,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent, event_json
 from dflash_tui.link.link import Link
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
+from trainer.contract.protocol import Command, decode_event
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
 NO_WANDB = "runtime.wandb_mode=disabled"
 
 
+def typed_event(data: dict[str, Any]) -> SinkEvent:
+    """An event as the link's sink gets it: the link's own (`link`, `rtt`) as their records,
+    an agent event through the contract's decoder (an `Unreadable` when it is none)."""
+    fields = {k: v for k, v in data.items() if k != "type"}
+    if data.get("type") == "link":
+        return LinkStatus(**fields)
+    if data.get("type") == "rtt":
+        return Rtt(**fields)
+    return decode_event(data)
+
+
 class Remote:
-    """A Link on its own event loop thread, so tests can block on conditions."""
+    """A Link on its own event loop thread, so tests can block on conditions. `events` keeps
+    what the sink got as JSON (tests read them as the agent sent them); the store, records."""
 
     def __init__(self, target: Target, follow: str | None = "latest", **link_kw: Any) -> None:
         self.target = target
@@ -36,16 +52,18 @@ class Remote:
         link.start()
         return link
 
-    def _sink(self, event: dict[str, Any]) -> None:
+    def _sink(self, event: SinkEvent) -> None:
         with self._lock:
-            self.events.append(event)
+            self.events.append(event_json(event))
             self.store.apply(event)
 
     def call(self, coro: Any, timeout: float = 240) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def request(self, cmd: dict[str, Any], timeout: float = 120, **kw: Any) -> dict[str, Any]:
-        return self.call(self.link.request(cmd, timeout=timeout, **kw), timeout + 10)
+    def request(self, cmd: Command, timeout: float | None = None, **kw: Any) -> dict[str, Any]:
+        """`timeout`: the command's own client timeout unless given."""
+        wait = cmd.client_timeout() if timeout is None else timeout
+        return self.call(self.link.request(cmd, timeout=wait, **kw), wait + 10)
 
     def wait(self, predicate: Callable[[Store], Any], timeout: float = 60, what: str = "") -> Any:
         deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from app_scenarios import NOW, RUN, alert_state, healthy, step_line
+from monitor_helpers import typed_event
 from rich.console import Console
 
 from dflash_tui.app import DFlashApp
@@ -22,6 +23,7 @@ from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.screens import HelpScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
+from trainer.contract.protocol import Kill, Launch
 
 SIZE = (160, 48)
 TARGET = Target(name="gpu-box", kind="ssh", host="gpu-box")
@@ -58,11 +60,11 @@ def test_every_pane_updates_from_the_event_stream():
             events = healthy()
             half = len(events) // 2
             for e in events[:half]:
-                app.feed(e)
+                app.feed(typed_event(e))
             await pilot.pause(0.4)
             assert "connected" in plain(app.query_one(StatusBar))
             for e in events[half:]:
-                app.feed(e)
+                app.feed(typed_event(e))
             await pilot.pause(0.4)
             status = plain(app.query_one(StatusBar))
             assert RUN in status and "training  7h49m" in status and "12ms" in status
@@ -80,7 +82,7 @@ def test_every_pane_updates_from_the_event_stream():
             assert "nothing wrong" in plain(app.query_one(AlertsPane))
 
             for e in alert_state()[len(events) :]:
-                app.feed(e)
+                app.feed(typed_event(e))
             await pilot.pause(0.4)
             alerts = plain(app.query_one(AlertsPane))
             assert "critical" in alerts and "illegal memory access" in alerts
@@ -94,7 +96,7 @@ def test_help_filter_follow_theme_and_runs_keys(tmp_path):
         app = scripted_app()
         async with app.run_test(size=SIZE) as pilot:
             for e in healthy():
-                app.feed(e)
+                app.feed(typed_event(e))
             await pilot.pause(0.3)
             log = app.query_one(StepLog)
 
@@ -117,15 +119,17 @@ def test_help_filter_follow_theme_and_runs_keys(tmp_path):
             await pilot.press("f")  # pause: new lines wait
             assert log.following is False
             app.feed(
-                {
-                    "type": "line",
-                    "t": NOW,
-                    "run_id": RUN,
-                    "file": "train.log",
-                    "offset": 0,
-                    "end": 0,
-                    "text": step_line(878, 1.3, 15000, 479),
-                }
+                typed_event(
+                    {
+                        "type": "line",
+                        "t": NOW,
+                        "run_id": RUN,
+                        "file": "train.log",
+                        "offset": 0,
+                        "end": 0,
+                        "text": step_line(878, 1.3, 15000, 479),
+                    }
+                )
             )
             await pilot.pause(0.4)
             assert "step=878" not in log_text(log)
@@ -190,17 +194,16 @@ def live_remote(tmp_path):
     r = Remote(target)
     deploy(r)
     run_id = r.request(
-        {
-            "cmd": "launch",
-            "config_toml": TINY.read_text(),
-            "name": "tiny-cpu",
-            "overrides": [NO_WANDB, "train.max_steps=100000"],
-        }
+        Launch(
+            config_toml=TINY.read_text(),
+            name="tiny-cpu",
+            overrides=[NO_WANDB, "train.max_steps=100000"],
+        )
     )["run_id"]
-    r.wait(lambda s: s.heartbeat and s.heartbeat.get("phase") == "training", 90, "training")
+    r.wait(lambda s: s.heartbeat and s.heartbeat.phase == "training", 90, "training")
     yield target, run_id, r
     with contextlib.suppress(Exception):
-        r.request({"cmd": "kill", "timeout_s": 10, "drain_timeout_s": 5}, timeout=40)
+        r.request(Kill(timeout_s=10, drain_timeout_s=5), timeout=40)
     r.close()
 
 
@@ -212,7 +215,7 @@ def test_control_keys_drive_the_real_run(live_remote):
         async with app.run_test(size=SIZE) as pilot:
             for _ in range(100):
                 await pilot.pause(0.1)
-                if app.store.heartbeat and app.store.heartbeat.get("phase") == "training":
+                if app.store.heartbeat and app.store.heartbeat.phase == "training":
                     break
             assert app.store.run_id == run_id
 

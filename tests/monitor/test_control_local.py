@@ -11,23 +11,31 @@ from monitor_helpers import NO_WANDB, TINY
 from dflash_tui.control import TRAINER_DIR, build_bundle
 from dflash_tui.link.link import LinkError
 from trainer.contract.codehash import code_hash
+from trainer.contract.protocol import (
+    ClearCompileCache,
+    Deploy,
+    DumpStacks,
+    Kill,
+    Launch,
+    ListRuns,
+    Restart,
+)
 
 
 def deploy(r):
     blob, sha, _ = build_bundle()
     import base64
 
-    return r.request({"cmd": "deploy", "tar_b64": base64.b64encode(blob).decode(), "sha256": sha})
+    return r.request(Deploy(tar_b64=base64.b64encode(blob).decode(), sha256=sha), timeout=120)
 
 
 def launch(r, *overrides, config=TINY):
     return r.request(
-        {
-            "cmd": "launch",
-            "config_toml": Path(config).read_text(),
-            "overrides": [NO_WANDB, *overrides],
-            "name": "tiny-cpu",
-        },
+        Launch(
+            config_toml=Path(config).read_text(),
+            overrides=[NO_WANDB, *overrides],
+            name="tiny-cpu",
+        ),
         timeout=120,
     )
 
@@ -35,7 +43,7 @@ def launch(r, *overrides, config=TINY):
 def test_the_whole_control_loop(remote_factory, local_target):
     r = remote_factory(local_target)
     r.wait(lambda s: s.hello is not None, 30, "hello")
-    assert r.store.hello["gpu_backend"] in ("none", "nvml", "nvidia-smi")
+    assert r.store.hello.gpu_backend in ("none", "nvml", "nvidia-smi")
 
     # deploy: the agent verifies the hash of what arrived
     d = deploy(r)
@@ -50,10 +58,10 @@ def test_the_whole_control_loop(remote_factory, local_target):
     assert run["started"] is True
     run_id = run["run_id"]
     r.wait(lambda s: s.run_id == run_id, 30, "following the new run")
-    r.wait(lambda s: s.heartbeat and s.heartbeat.get("phase") == "training", 60, "training")
+    r.wait(lambda s: s.heartbeat and s.heartbeat.phase == "training", 60, "training")
     r.wait(lambda s: len(s.step_lines) >= 2, 60, "two step lines")
     hb = r.store.heartbeat
-    assert hb["code_sha256"] == d["sha256"]  # running code = deployed code
+    assert hb.code_sha256 == d["sha256"]  # running code = deployed code
     r.wait(lambda s: s.alive_run == run_id, 10, "the run listed alive")
 
     # a second launch is refused by the lock, not by a guess
@@ -61,22 +69,22 @@ def test_the_whole_control_loop(remote_factory, local_target):
         launch(r)
 
     # dump stacks: SIGUSR1, then the newest stacks file comes back
-    dump = r.request({"cmd": "dump_stacks", "pyspy": False})
+    dump = r.request(DumpStacks(pyspy=False), timeout=120)
     for name in ("drafter-0", "drafter-1", "target-0", "target-1", "prefetch-0", "heartbeat"):
         assert f'Thread "{name}"' in dump["text"]
-    r.wait(lambda s: s.heartbeat["step"] > hb["step"], 30, "training goes on after the dump")
+    r.wait(lambda s: s.heartbeat.step > hb.step, 30, "training goes on after the dump")
 
     # kill: SIGTERM to the process group, clean exit, nothing left
-    k = r.request({"cmd": "kill", "timeout_s": 30, "drain_timeout_s": 10}, timeout=90)
+    k = r.request(Kill(timeout_s=30, drain_timeout_s=10), timeout=90)
     assert k["signal"] == "SIGTERM" and k["orphans"] == [] and k["pids"]
     assert k["exit"]["exit_code"] == 0 and k["exit"]["final_phase"] == "finished"
     run_dir = remote / "runs" / run_id
     assert json.loads((run_dir / "exit.json").read_text())["exit_code"] == 0
     assert "trainer exited: exit code 0" in (run_dir / "launch.log").read_text()
-    r.wait(lambda s: s.liveness and s.liveness["alive"] is False, 15, "liveness: dead")
+    r.wait(lambda s: s.liveness and s.liveness.alive is False, 15, "liveness: dead")
 
     # restart: a new run dir with the same config
-    rs = r.request({"cmd": "restart", "run_id": run_id, "timeout_s": 30}, timeout=180)
+    rs = r.request(Restart(run_id=run_id, timeout_s=30), timeout=180)
     new_id = rs["launched"]["run_id"]
     assert new_id != run_id and rs["killed"] is None  # it was already stopped
     new_dir = remote / "runs" / new_id
@@ -88,17 +96,17 @@ def test_the_whole_control_loop(remote_factory, local_target):
         == json.loads((run_dir / "launch.json").read_text())["overrides"]
     )
     r.wait(lambda s: s.run_id == new_id and s.step_lines, 90, "the restarted run training")
-    k2 = r.request({"cmd": "kill", "timeout_s": 30, "drain_timeout_s": 10}, timeout=90)
+    k2 = r.request(Kill(timeout_s=30, drain_timeout_s=10), timeout=90)
     assert k2["run_id"] == new_id and k2["orphans"] == []
 
     # runs: both listed with how they ended
-    r.request({"cmd": "list_runs"})
-    runs = {x["run_id"]: x for x in r.store.runs}
-    assert runs[run_id]["exit"]["exit_code"] == 0 and runs[new_id]["alive"] is False
-    assert runs[run_id]["best_tok_s"] > 0
+    r.request(ListRuns(), timeout=120)
+    runs = {x.run_id: x for x in r.store.runs}
+    assert runs[run_id].exit.exit_code == 0 and runs[new_id].alive is False
+    assert runs[run_id].best_tok_s > 0
 
     # clear cache: allowed now that nothing is alive
-    c = r.request({"cmd": "clear_compile_cache"})
+    c = r.request(ClearCompileCache(), timeout=120)
     assert c["path"].endswith("compile")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from monitor_helpers import typed_event
 from test_diagnosis import (
     BASELINE,
     NOW,
@@ -41,7 +42,8 @@ def gpu_mem(index: int, mib: int) -> Any:
 
 
 class Live:
-    """A store fed heartbeat after heartbeat, diagnosed after each as a view does."""
+    """A store fed heartbeat after heartbeat, diagnosed after each as a view does (the
+    findings do not depend on it: test_history.py)."""
 
     def __init__(self, name: str, *edits: Any) -> None:
         self.evs = events(name)
@@ -50,7 +52,7 @@ class Live:
         self.clock = Clock(NOW)
         self.s = Store("gpu-box", clock=self.clock)
         for e in self.evs:
-            self.s.apply(e)
+            self.s.apply(typed_event(e))
         self.found = diagnose(self.s, NOW)
 
     def beat(self, after_s: float, **fields: Any) -> list[Any]:
@@ -64,8 +66,10 @@ class Live:
         for k, v in fields.items():
             data[k] = {**data[k], **v} if isinstance(v, dict) else v
         self.evs.append(last)
-        self.s.apply(last)
-        self.s.apply({"type": "liveness", "t": t, "run_id": last["run_id"], "alive": True})
+        self.s.apply(typed_event(last))
+        self.s.apply(
+            typed_event({"type": "liveness", "t": t, "run_id": last["run_id"], "alive": True})
+        )
         self.found = diagnose(self.s, t)
         return self.found
 
@@ -73,12 +77,16 @@ class Live:
 # -- the existing rules keep their behaviour -----------------------------------------------
 def test_unreachable_and_refused() -> None:
     s = store(events("healthy_gpu.jsonl"))
-    s.apply({"type": "link", "state": "reconnecting", "detail": "timed out", "attempt": 2})
+    s.apply(
+        typed_event({"type": "link", "state": "reconnecting", "detail": "timed out", "attempt": 2})
+    )
     assert (diagnose(s, NOW)[0].code, diagnose(s, NOW)[0].title) == (
         "unreachable",
         "cannot reach gpu-box",
     )
-    s.apply({"type": "link", "state": "refused", "detail": "Permission denied (publickey)"})
+    s.apply(
+        typed_event({"type": "link", "state": "refused", "detail": "Permission denied (publickey)"})
+    )
     top = diagnose(s, NOW)[0]
     assert (top.code, top.evidence) == ("link_refused", "Permission denied (publickey)")
 
@@ -93,7 +101,10 @@ def test_crashed_with_the_trainer_error() -> None:
 def test_crashed_without_error_says_where_and_the_logs_last_words() -> None:
     def exit_1(evs: Events) -> None:
         for e in of_type(evs, "liveness"):
-            e.update(alive=False, exit={"exit_code": 1, "final_phase": None, "error": None})
+            e.update(
+                alive=False,
+                exit={"run_id": e["run_id"], "exit_code": 1, "final_phase": None, "error": None},
+            )
         of_type(evs, "line")[-1]["text"] = "09:47:39 trainer exited: exit code 1"
 
     f = only(run("missing_log.jsonl", exit_1), "crashed")
@@ -107,7 +118,7 @@ def test_died_before_log_needs_no_step_line_and_an_unclean_exit() -> None:
 
     def clean(evs: Events) -> None:
         for e in of_type(evs, "liveness"):
-            e["exit"] = {"exit_code": 0, "error": None}
+            e["exit"] = {"run_id": e["run_id"], "exit_code": 0, "error": None}
 
     assert "died_at_start" not in codes(run("missing_log.jsonl", clean))
 
@@ -166,8 +177,9 @@ def test_slow_phase_needs_a_margin_for_short_phases() -> None:
 
 
 def test_slow_phase_needs_earlier_runs_of_the_same_config() -> None:
-    def other_config(evs: Events) -> None:
-        of_type(evs, "runs")[-1]["runs"][-1]["name"] = "qwen36-27b-bigger-batch"
+    def other_config(evs: Events) -> None:  # comparable runs: trainer/contract/comparable.py
+        signature = of_type(evs, "runs")[-1]["runs"][-1]["signature"]
+        signature["shape"] = signature["shape"].replace("batch_size=8", "batch_size=16")
 
     assert run("slow_compile.jsonl", other_config) == []
     evs = events("slow_compile.jsonl")
@@ -383,7 +395,7 @@ def test_running_old_code() -> None:
         "running 9cc00a7b620d, deployed 1f2e3d4c5b6a (30m00s after this run started)"
     )
     assert run("healthy_gpu.jsonl", deployed(None, 0)) == []
-    assert run("healthy_gpu.jsonl", heartbeat(code_sha256=None)) == []
+    assert run("healthy_gpu.jsonl", heartbeat(code_sha256="")) == []  # no hash reported
     crashed = heartbeat(phase="crashed", code_sha256="a" * 64)
     assert "code_mismatch" not in codes(run("healthy_gpu.jsonl", crashed))
 
@@ -501,3 +513,89 @@ def test_no_step_line_needs_wandb_lines_and_no_step_line() -> None:
         evs.append(of_type(events("step_lines.jsonl"), "line")[0])
 
     assert "no_step_line" not in codes(run("wandb_only.jsonl", a_step_line))
+
+
+# -- slow_phase: the wait for the target's weights -----------------------------------------
+# The trainer walks loading_data -> loading_target -> compiling -> loading_target: the target
+# loads on a thread while the drafters compile, and the second loading_target visit is the wait
+# for weights not in yet. Earlier runs of this config: the first visit took 0.3 s (it only
+# starts the load), the wait 30 s, the whole load 4m30s.
+REAL_ORDER = {
+    "starting": 4,
+    "loading_data": 21,
+    "loading_target": 0.3,
+    "compiling": 240,
+    "loading_target#2": 30,
+    "warmup": 31,
+    "training": 9000,
+    "finished": 0,
+}
+
+
+def waiting_for_weights(wait_s: float, load_s: float, schema: int = 2) -> Any:
+    """The current run in its second loading_target visit for `wait_s`, its load begun
+    `load_s` ago; earlier runs recorded in the real order, each load 4m30s."""
+
+    def edit(evs: Events) -> None:
+        for r in of_type(evs, "runs")[-1]["runs"]:
+            if r["phases"].get("compiling", 0) > 200:  # the ones that got past compiling
+                r["phases"] = dict(REAL_ORDER)
+                r["target_load_s"] = 270.0
+        started = NOW - load_s
+        data = hb(evs)
+        data.update(
+            schema=schema,
+            phase="loading_target",
+            phase_started_at=NOW - wait_s,
+            phase_history=[
+                {"phase": "starting", "started_at": started - 25},
+                {"phase": "loading_data", "started_at": started - 21},
+                {"phase": "loading_target", "started_at": started},
+                {"phase": "compiling", "started_at": started + 0.3},
+                {"phase": "loading_target", "started_at": NOW - wait_s},
+            ],
+        )
+        if schema >= 2:
+            data["target_load"] = {"started_at": started, "ended_at": None}
+
+    return edit
+
+
+def test_waiting_for_weights_is_not_a_slow_first_visit() -> None:
+    # 90 s into the wait, 6m15s into a load that took 4m30s before: not twice the usual.
+    # The old rule compared the wait with the first visit (0.3 s) and said
+    # "loading the target slower than usual | 1m30s so far; 0s last time".
+    assert run("slow_compile.jsonl", waiting_for_weights(90, 375)) == []
+    evs = events("slow_compile.jsonl")
+    waiting_for_weights(90, 375)(evs)
+    assert phase_expectation(store(evs)) == "the target load took 4m30s last time"
+
+
+def test_a_slow_weight_load_is_compared_as_whole_loads() -> None:
+    for schema in (2, 1):  # schema 1 has no target_load span: from the first visit
+        f = only(run("slow_compile.jsonl", waiting_for_weights(200, 600, schema)), "slow_phase")
+        assert f.title == "waiting for the target weights longer than usual"
+        assert f.evidence == (
+            "the whole load: 10m00s so far; 4m30s last time "
+            "(run 20260520-081200-qwen36-27b-0005), median 4m30s over 3 runs"
+        )
+        # 2 × 4m30s = 9m00s is the bar
+        assert run("slow_compile.jsonl", waiting_for_weights(200, 539, schema)) == []
+
+
+def test_each_visit_is_compared_with_the_same_visit() -> None:
+    # The first loading_target visit only starts the load: 0.3 s before, 70 s now is slow
+    # (2× and +60 s); compiling is compared with compiling, not with the wait after it.
+    def first_visit(since_s: float) -> Any:
+        def edit(evs: Events) -> None:
+            waiting_for_weights(0, since_s)(evs)
+            data = hb(evs)
+            data["phase_history"] = data["phase_history"][:3]
+            data["phase_started_at"] = NOW - since_s
+
+        return edit
+
+    f = only(run("slow_compile.jsonl", first_visit(70)), "slow_phase")
+    assert f.title == "starting the target load slower than usual"
+    assert f.evidence.startswith("1m10s so far; 0s last time")
+    assert run("slow_compile.jsonl", first_visit(60)) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from app_scenarios import NOW, alert_state, healthy
+from monitor_helpers import typed_event
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
@@ -26,7 +27,7 @@ def app_with(events, theme):
 
     async def feed(pilot):
         for e in events:
-            app.feed(e)
+            app.feed(typed_event(e))
         app.redraw(force=True)
         await pilot.pause(0.3)
 

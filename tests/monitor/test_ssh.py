@@ -17,6 +17,7 @@ from test_control_local import deploy, launch
 
 from dflash_tui.link.link import LinkError
 from dflash_tui.targets import Target
+from trainer.contract.protocol import DumpStacks, Kill, Launch, ReadFile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,33 +82,29 @@ def test_control_over_ssh_through_pct(gpu_sshd, remote_factory, tmp_path):
     server, gpu, pct_log = gpu_sshd
     r = remote_factory(ssh_target(server, tmp_path / "remote"))
     r.wait(lambda s: s.hello is not None, 30, "hello over ssh")
-    assert r.store.hello["gpu_backend"] == "nvml"  # the fake, found through PYTHONPATH
-    r.wait(lambda s: s.gpu and len(s.gpu.get("devices", [])) == 2, 10, "GPU samples")
-    assert r.store.gpu["devices"][0]["name"] == "NVIDIA H200"
+    assert r.store.hello.gpu_backend == "nvml"  # the fake, found through PYTHONPATH
+    r.wait(lambda s: s.gpu and len(s.gpu.devices) == 2, 10, "GPU samples")
+    assert r.store.gpu.devices[0].name == "NVIDIA H200"
 
     deploy(r)
     run = launch(r, "train.max_steps=100000")
     r.wait(lambda s: s.run_id == run["run_id"] and len(s.step_lines) >= 1, 90, "step lines")
-    pid = r.store.heartbeat["pid"]
+    pid = r.store.heartbeat.pid
     gpu.add_process(pid, device=1, mem=40 << 30)  # the trainer "holds" 40 GiB on GPU 1
     r.wait(
-        lambda s: any(p["pid"] == pid for d in s.gpu["devices"] for p in d["processes"]),
+        lambda s: any(p.pid == pid for d in s.gpu.devices for p in d.processes),
         10,
         "the trainer on GPU 1",
     )
 
-    dump = r.request({"cmd": "dump_stacks", "pyspy": False})
+    dump = r.request(DumpStacks(pyspy=False), timeout=120)
     assert 'Thread "drafter-0"' in dump["text"]
 
     progress = []
-    k = r.request(
-        {"cmd": "kill", "timeout_s": 30, "drain_timeout_s": 20},
-        timeout=90,
-        on_progress=progress.append,
-    )
+    k = r.request(Kill(timeout_s=30, drain_timeout_s=20), timeout=90, on_progress=progress.append)
     assert k["signal"] == "SIGTERM" and k["orphans"] == [] and k["drain_s"] is not None
-    assert any("released" in p["message"] for p in progress)
-    r.wait(lambda s: not any(d["processes"] for d in s.gpu["devices"]), 10, "GPU memory freed")
+    assert any("released" in p.message for p in progress)
+    r.wait(lambda s: not any(d.processes for d in s.gpu.devices), 10, "GPU memory freed")
 
     calls = [json.loads(ln) for ln in pct_log.read_text().splitlines()]
     assert calls and all(c["ctid"] == 200 for c in calls)
@@ -207,13 +204,21 @@ def test_backoff_grows_while_the_host_stays_down(sshd, tcp_proxy, remote_factory
 def test_a_torn_heartbeat_keeps_the_last_good_state(sshd, remote_factory, tmp_path):
     remote = tmp_path / "remote"
     run_dir = fake_run(remote / "runs")
-    hb = {"schema": 1, "phase": "training", "step": 7, "now": time.time()}
+    hb = {
+        "schema": 1,
+        "run_id": run_dir.name,
+        "pid": 1,
+        "host": "h",
+        "phase": "training",
+        "step": 7,
+        "now": time.time(),
+    }
     (run_dir / "heartbeat.json").write_text(json.dumps(hb))
     r = remote_factory(ssh_target(sshd, remote, pct=False))
-    r.wait(lambda s: s.heartbeat and s.heartbeat["step"] == 7, 30, "the good heartbeat")
+    r.wait(lambda s: s.heartbeat and s.heartbeat.step == 7, 30, "the good heartbeat")
     (run_dir / "heartbeat.json").write_text('{"schema": 1, "phase": "trai')
     r.wait(lambda s: s.heartbeat_error, 10, "the torn one noticed")
-    assert r.store.heartbeat["step"] == 7
+    assert r.store.heartbeat.step == 7
 
 
 def test_a_killed_agent_is_restarted_and_resumes(sshd, remote_factory, tmp_path):
@@ -223,9 +228,9 @@ def test_a_killed_agent_is_restarted_and_resumes(sshd, remote_factory, tmp_path)
     writer.start()
     r = remote_factory(ssh_target(sshd, remote, pct=False))
     r.wait(lambda s: len(r.lines()) > 20, 30, "lines")
-    first_pid = r.store.hello["pid"]
+    first_pid = r.store.hello.pid
     os.kill(first_pid, signal.SIGKILL)
-    r.wait(lambda s: s.hello["pid"] != first_pid, 30, "a new agent")
+    r.wait(lambda s: s.hello.pid != first_pid, 30, "a new agent")
     time.sleep(0.5)
     writer.halt.set()
     writer.join()
@@ -238,16 +243,15 @@ def test_hostile_names_and_paths_execute_nothing(sshd, remote_factory, tmp_path,
     evil = tmp_path / "a;touch x" / "$(touch pwned)" / "it's `id`"
     r = remote_factory(ssh_target(sshd, evil, pct=False))
     r.wait(lambda s: s.hello is not None, 30, "hello")
-    assert r.store.hello["remote_dir"] == str(evil)
+    assert r.store.hello.remote_dir == str(evil)
     deploy(r)
     cfg = TINY.read_text().replace('name = "tiny-cpu"', 'name = "x;touch y $(touch z) \\"q\\""')
     bad = r.request(
-        {
-            "cmd": "launch",
-            "config_toml": cfg,
-            "overrides": [NO_WANDB, "train.max_steps=1", 'name="$(touch w);touch v"'],
-            "name": "$(touch u);x",
-        },
+        Launch(
+            config_toml=cfg,
+            overrides=[NO_WANDB, "train.max_steps=1", 'name="$(touch w);touch v"'],
+            name="$(touch u);x",
+        ),
         timeout=120,
     )
     run_dir = Path(bad["run_dir"])
@@ -257,6 +261,6 @@ def test_hostile_names_and_paths_execute_nothing(sshd, remote_factory, tmp_path,
         for where in (tmp_path, Path.home(), evil, run_dir, Path("/tmp")):
             assert not (where / name).exists(), where / name
     with pytest.raises(LinkError, match="bad run id"):
-        r.request({"cmd": "read_file", "run_id": "../../etc", "name": "passwd"})
+        r.request(ReadFile(run_id="../../etc", name="passwd"))
     with pytest.raises(LinkError, match="bad file name"):
-        r.request({"cmd": "read_file", "run_id": run_dir.name, "name": "../../x"})
+        r.request(ReadFile(run_id=run_dir.name, name="../../x"))

@@ -238,7 +238,8 @@ class Command:
 
     @property
     def cmd(self) -> str:
-        """The command's name on the wire (a property, not a field: `Launch.name` is one)."""
+        """The command's name on the wire (the `cmd` key). Not `name`: Launch and ReadFile
+        have a field of that name (the run's, the file's), which would shadow it."""
         return COMMAND_NAMES[type(self)]
 
     def client_timeout(self) -> float:
