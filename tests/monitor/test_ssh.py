@@ -207,7 +207,15 @@ def test_backoff_grows_while_the_host_stays_down(sshd, tcp_proxy, remote_factory
 def test_a_torn_heartbeat_keeps_the_last_good_state(sshd, remote_factory, tmp_path):
     remote = tmp_path / "remote"
     run_dir = fake_run(remote / "runs")
-    hb = {"schema": 1, "phase": "training", "step": 7, "now": time.time()}
+    hb = {
+        "schema": 1,
+        "run_id": run_dir.name,
+        "pid": os.getpid(),
+        "host": "gpu-box",
+        "phase": "training",
+        "step": 7,
+        "now": time.time(),
+    }
     (run_dir / "heartbeat.json").write_text(json.dumps(hb))
     r = remote_factory(ssh_target(sshd, remote, pct=False))
     r.wait(lambda s: s.heartbeat and s.heartbeat["step"] == 7, 30, "the good heartbeat")
