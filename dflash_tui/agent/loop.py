@@ -316,7 +316,7 @@ class Agent:
                     )
                 )
 
-        if cmd.name in QUICK_COMMANDS:
+        if cmd.cmd in QUICK_COMMANDS:
             work()
         else:  # long commands must not stall the stream
-            threading.Thread(target=work, name=f"cmd-{cmd.name}", daemon=True).start()
+            threading.Thread(target=work, name=f"cmd-{cmd.cmd}", daemon=True).start()

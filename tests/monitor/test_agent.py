@@ -232,6 +232,21 @@ def test_a_torn_or_foreign_file_is_named_not_fatal(agent_factory, tmp_path):
     assert runs[CRASHED]["unreadable"] == ["config.json"] and runs[CRASHED]["signature"] is None
 
 
+def test_read_file_reads_a_file_of_a_run_and_nothing_else(agent_factory, tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "runs")
+    agent = agent_factory(tmp_path / "runs")
+    got = agent.request({"cmd": "read_file", "run_id": DIED, "name": "train.log"})
+    assert got["ok"] and got["data"]["text"] == "error: train.lr: expected a number, got 'abc'\n"
+    tail = agent.request(
+        {"cmd": "read_file", "run_id": DIED, "name": "launch.log", "tail_bytes": 30}
+    )
+    assert tail["data"]["text"] == "3:16:00 trainer exited: exit code 2\n"[-30:]
+    outside = agent.request({"cmd": "read_file", "run_id": "../../etc", "name": "passwd"})
+    assert outside["ok"] is False and "bad run id" in outside["error"]
+    up = agent.request({"cmd": "read_file", "run_id": DIED, "name": "../" + FINISHED})
+    assert up["error"] == f"bad file name '../{FINISHED}'"
+
+
 # -- the one liveness rule ----------------------------------------------------------------------
 def _proc_start(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])

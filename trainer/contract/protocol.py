@@ -237,7 +237,9 @@ class Command:
     id: int = 0
 
     @property
-    def name(self) -> str:
+    def cmd(self) -> str:
+        """The command's name on the wire (the `cmd` key). Not `name`: Launch and ReadFile
+        have a field of that name (the run's, the file's), which would shadow it."""
         return COMMAND_NAMES[type(self)]
 
     def client_timeout(self) -> float:
@@ -246,7 +248,7 @@ class Command:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
-        data["cmd"] = self.name
+        data["cmd"] = self.cmd
         return data
 
 
