@@ -14,13 +14,14 @@ import base64
 import dataclasses
 import io
 import tarfile
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trainer
-from dflash_tui.link.transport import AGENT_SOURCE_PATH
+from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
 from trainer.contract.codehash import code_hash
 from trainer.contract.protocol import (
@@ -74,7 +75,11 @@ def build_bundle() -> tuple[bytes, str, int]:
         for path in _trainer_files():
             tar.add(path, arcname=f"trainer/{path.relative_to(TRAINER_DIR).as_posix()}")
             count += 1
-        tar.add(AGENT_SOURCE_PATH, arcname="dflash_agent.py")
+        # The same script the link runs, so a launched run's wrapper speaks this contract.
+        agent = agent_blob()
+        info = tarfile.TarInfo("dflash_agent.py")
+        info.size, info.mode, info.mtime = len(agent), 0o644, int(time.time())
+        tar.addfile(info, io.BytesIO(agent))
         count += 1
         try:
             import pynvml  # the pure-Python NVML binding: the container needs nothing else

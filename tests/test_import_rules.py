@@ -53,3 +53,17 @@ def test_monitor_cli_loads_without_torch_or_textual():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ""
+
+
+def test_the_agent_imports_the_stdlib_and_the_contract_only():
+    """It runs on the training host from one bundled script (dflash_tui/link/bundle.py):
+    whatever else it imported would not be there."""
+    bundled = {"dflash_tui.agent", *STDLIB_ONLY_TRAINER_MODULES}
+    bundled |= {f"dflash_tui.agent.{p.stem}" for p in (ROOT / "dflash_tui" / "agent").glob("*.py")}
+    offenders = {
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in py_files("dflash_tui/agent")
+        for n in imports_of(p)
+        if n.split(".")[0] not in sys.stdlib_module_names and n not in bundled and n != "pynvml"
+    }
+    assert offenders == set()

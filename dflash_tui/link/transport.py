@@ -12,12 +12,10 @@ import contextlib
 import os
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
+from dflash_tui.link.bundle import agent_blob
 from dflash_tui.targets import Target
-
-AGENT_SOURCE_PATH = Path(__file__).resolve().parents[1] / "agent.py"
 
 # Reads the agent's length-prefixed source from stdin and runs it as __main__; the same
 # stdin then carries the commands.
@@ -28,7 +26,8 @@ BOOTSTRAP = (
 
 
 def agent_source() -> bytes:
-    return AGENT_SOURCE_PATH.read_bytes()
+    """The agent with the contract it speaks, as one script (dflash_tui/link/bundle.py)."""
+    return agent_blob()
 
 
 def agent_argv(target: Target, extra: list[str] | None = None) -> list[str]:

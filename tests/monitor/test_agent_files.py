@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
-from dflash_tui.agent import FileFollower, HeartbeatWatch
+from dflash_tui.agent.files import FileFollower, HeartbeatWatch
 
 
 def test_lines_come_whole_with_their_offsets(tmp_path):
@@ -70,10 +71,13 @@ def test_a_torn_heartbeat_is_reported_and_the_last_good_kept(tmp_path):
     p = tmp_path / "heartbeat.json"
     w = HeartbeatWatch(str(p))
     assert w.poll() is None
-    p.write_text('{"phase": "training", "step": 3}')
-    assert w.poll() == ("ok", {"phase": "training", "step": 3})
+    good = {"schema": 2, "run_id": "r", "pid": 1, "host": "h", "now": 1.0, "phase": "training"}
+    p.write_text(json.dumps(good))
+    assert w.poll() == ("ok", good)  # the heartbeat as written
     assert w.poll() is None  # unchanged
     p.write_text('{"phase": "train')  # a writer that does not replace atomically
     kind, message = w.poll()
-    assert kind == "error" and "heartbeat.json" in message
-    assert w.last_good == {"phase": "training", "step": 3}
+    assert kind == "error" and message.startswith("heartbeat.json unreadable: not JSON")
+    p.write_text(json.dumps({**good, "step": "three"}))  # JSON, but not a heartbeat
+    assert w.poll() == ("error", "heartbeat.json unreadable: step: expected int, got str")
+    assert w.last_good == good

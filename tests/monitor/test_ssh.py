@@ -207,8 +207,8 @@ def test_a_torn_heartbeat_keeps_the_last_good_state(sshd, remote_factory, tmp_pa
     hb = {
         "schema": 1,
         "run_id": run_dir.name,
-        "pid": 1,
-        "host": "h",
+        "pid": os.getpid(),
+        "host": "gpu-box",
         "phase": "training",
         "step": 7,
         "now": time.time(),

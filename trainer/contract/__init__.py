@@ -1,6 +1,6 @@
 """The run-dir contract between the trainer and the monitor, as code. Standard library only.
 
-Both halves import it; the agent carries it to the training host (dflash_tui/agent/bundle.py),
+Both halves import it; the agent carries it to the training host (dflash_tui/link/bundle.py),
 so it must stay stdlib-only and run on Python >= 3.10. ARCHITECTURE.md ("The contract")
 describes the files and their versioning; each module here owns one part:
 

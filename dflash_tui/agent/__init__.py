@@ -1,0 +1,29 @@
+"""dflash-tui agent: runs next to the trainer, streams what happens, carries out commands.
+
+Standard library only (plus `pynvml` when importable), Python >= 3.10. It travels as one
+self-contained script together with the run-dir contract (dflash_tui/link/bundle.py builds
+it): the link starts `python -u -c <bootstrap>` and sends that script on stdin, so the agent
+always matches the monitor's version and nothing needs installing remotely. Deploy writes the
+same script next to the trainer as dflash_agent.py, where launched runs use its `wrap` mode.
+
+Its events and commands are records of trainer/contract/protocol.py (JSON lines both ways).
+One job per module:
+
+  main      arguments and the two modes: serve (the default) and wrap
+  output    JSON lines on stdout, each line whole, from any thread
+  stdin     command lines from stdin: bounded, decoded at the boundary, never fatal
+  loop      the select loop: the followed run's files, the runs list, liveness, dispatch
+  files     one file's new lines, heartbeat.json changes, inotify
+  gpus      NVML, else nvidia-smi, else a clear "no GPU"
+  procs     what /proc says about a process: alive, started when, in which group
+  runs      the run root: which folders are runs, the launch lock, the one liveness rule
+  commands  every command's handler, by command record
+  launch    starting a run under the launch lock
+  kill      stopping a run's process group and waiting for its GPU memory
+  deploy    unpacking a release, trusted by its hash before any of it runs
+  wrap      the detached parent of one trainer run: starts it, writes exit.json
+
+Runs live in RUN_ROOT/<run_id>/. While a launched run lives, RUN_ROOT/.launch.lock is
+flock-ed: the agent takes the lock, hands it to the detached wrapper (and that to the
+trainer), and the kernel releases it when the last of them exits. Not a guess from pids.
+"""

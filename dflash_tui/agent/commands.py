@@ -1,0 +1,235 @@
+"""Every command's handler, by its contract record. A handler returns the result's `data` or
+raises CommandError with a message for the operator; the loop answers either way."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dflash_tui.agent.deploy import deploy
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.kill import kill
+from dflash_tui.agent.launch import launch
+from dflash_tui.agent.procs import pid_alive
+from trainer.contract.protocol import (
+    ClearCompileCache,
+    Command,
+    Deploy,
+    DumpStacks,
+    FollowRun,
+    Kill,
+    Launch,
+    ListRuns,
+    Ping,
+    ReadFile,
+    Restart,
+)
+from trainer.contract.records import LAUNCH_CONFIG, LaunchRecord, read_launch
+
+if TYPE_CHECKING:
+    from dflash_tui.agent.loop import Agent
+
+SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STACKS_BYTES = 1 << 22
+
+
+def _progress(agent: Agent, cmd: Command) -> Callable[[str], None]:
+    return lambda message: agent.progress(cmd, message)
+
+
+# -- quick: answered inline by the loop --------------------------------------------------------
+def ping(agent: Agent, cmd: Ping) -> dict[str, Any]:
+    return {"pong": time.time()}
+
+
+def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
+    target = cmd.run_id or "latest"
+    agent.follow_target = target
+    run_id = agent.runs.latest() if target == "latest" else target
+    if run_id is None:
+        agent.follow_nothing()
+        return {"run_id": None}
+    if not os.path.isdir(agent.runs.run_dir(run_id)):
+        raise CommandError(f"no run {run_id!r} under {agent.runs.path}")
+    # Offsets from an earlier session apply to the run they were read from only.
+    offsets = cmd.offsets
+    if cmd.offsets_run_id is not None and cmd.offsets_run_id != run_id:
+        offsets = {}
+    agent.set_follow(run_id, offsets)
+    return {"run_id": run_id}
+
+
+def list_runs(agent: Agent, cmd: ListRuns) -> dict[str, Any]:
+    agent.emit_runs()
+    return {"count": len(agent.runs.run_ids())}
+
+
+def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
+    if not SAFE_FILE.match(cmd.name):
+        raise CommandError(f"bad file name {cmd.name!r}")
+    run_id = cmd.run_id or agent.run_id
+    if run_id is None:
+        raise CommandError("no run to read from")
+    path = os.path.join(agent.runs.run_dir(run_id), cmd.name)
+    if not os.path.isfile(path):
+        raise CommandError(f"{path}: no such file")
+    return {"run_id": run_id, "name": cmd.name, "text": tail_text(path, cmd.tail_bytes or 1 << 20)}
+
+
+# -- long: each on a thread of its own -------------------------------------------------------
+def target_run(agent: Agent, run_id: str | None, need_alive: bool = True) -> str:
+    """The run a command is about: the one named, else the alive one, else (when it need not
+    be alive) the latest."""
+    run_id = run_id or agent.runs.alive_run()
+    if run_id in (None, "?"):
+        if need_alive:
+            raise CommandError(f"no run is alive under {agent.runs.path}")
+        run_id = agent.runs.latest()
+        if run_id is None:
+            raise CommandError(f"no runs under {agent.runs.path}")
+    agent.runs.run_dir(run_id)  # validates
+    return run_id
+
+
+def launch_run(agent: Agent, cmd: Launch) -> dict[str, Any]:
+    if not cmd.config_toml.strip():
+        raise CommandError("launch needs the config file's text")
+    if any("\n" in o for o in cmd.overrides):
+        raise CommandError("overrides must be single-line key=value strings")
+    return launch(
+        agent.runs,
+        agent.remote_dir,
+        agent.args.python,
+        cmd.config_toml,
+        list(cmd.overrides),
+        cmd.name or "run",
+        cmd.start_timeout_s,
+        _progress(agent, cmd),
+    )
+
+
+def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
+    run_id = target_run(agent, cmd.run_id)
+    return kill(
+        agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, _progress(agent, cmd)
+    )
+
+
+def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
+    run_id = target_run(agent, cmd.run_id, need_alive=False)
+    run_dir = agent.runs.run_dir(run_id)
+    record = read_launch(run_dir)
+    config_path = os.path.join(run_dir, LAUNCH_CONFIG)
+    if not isinstance(record, LaunchRecord) or not os.path.isfile(config_path):
+        raise CommandError(f"run {run_id} was not launched by dflash-tui: nothing to restart from")
+    progress = _progress(agent, cmd)
+    killed = None
+    if agent.runs.alive_run() == run_id:
+        killed = kill(agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, progress)
+    with open(config_path) as f:
+        config_toml = f.read()
+    started = launch(
+        agent.runs,
+        agent.remote_dir,
+        agent.args.python,
+        config_toml,
+        record.overrides,
+        record.name or "run",
+        cmd.start_timeout_s,
+        progress,
+    )
+    return {"killed": killed, "launched": started}
+
+
+def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
+    run_id = target_run(agent, cmd.run_id, need_alive=False)
+    run_dir = agent.runs.run_dir(run_id)
+    proc = agent.runs.process(run_id)
+    if proc.pid is None or not pid_alive(proc.pid, proc.start):
+        raise CommandError(f"run {run_id} is not running (pid {proc.pid})")
+    before = set(os.listdir(run_dir))
+    os.kill(proc.pid, signal.SIGUSR1)  # the trainer's faulthandler writes stacks-<time>.txt
+    deadline = time.monotonic() + cmd.timeout_s
+    path = None
+    while time.monotonic() < deadline:
+        fresh = sorted(
+            n for n in os.listdir(run_dir) if n.startswith("stacks-2") and n not in before
+        )
+        if fresh:
+            candidate = os.path.join(run_dir, fresh[-1])
+            if "# faulthandler" in tail_text(candidate, STACKS_BYTES):  # written to the end
+                path = candidate
+                break
+        time.sleep(0.05)
+    if path is None:
+        raise CommandError(
+            f"no stack dump from pid {proc.pid} within {cmd.timeout_s:.0f}s (is the main "
+            "thread stuck? try SIGUSR2 or py-spy)"
+        )
+    result = {
+        "run_id": run_id,
+        "pid": proc.pid,
+        "path": path,
+        "text": tail_text(path, STACKS_BYTES),
+    }
+    if cmd.pyspy and shutil.which("py-spy"):
+        r = subprocess.run(
+            ["py-spy", "dump", "--native", "--pid", str(proc.pid)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        result["pyspy"] = r.stdout + r.stderr
+    return result
+
+
+def compile_cache_dir() -> str:
+    """Where the trainer keeps its compile cache (trainer's DFLASH_CACHE_DIR rule)."""
+    base = os.environ.get("DFLASH_CACHE_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        base = os.path.join(xdg, "dflash-tui")
+    return os.path.join(base, "compile")
+
+
+def clear_compile_cache(agent: Agent, cmd: ClearCompileCache) -> dict[str, Any]:
+    alive = agent.runs.alive_run()
+    if alive:
+        raise CommandError(f"run {alive} is alive: it uses the compile cache; kill it first")
+    path = compile_cache_dir()
+    if not os.path.isdir(path):
+        return {"path": path, "bytes": 0, "existed": False}
+    size = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.lstat(os.path.join(root, name)).st_size
+    shutil.rmtree(path)
+    return {"path": path, "bytes": size, "existed": True}
+
+
+def deploy_release(agent: Agent, cmd: Deploy) -> Any:
+    return deploy(agent.remote_dir, cmd)
+
+
+HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
+    Ping: ping,
+    FollowRun: follow,
+    ListRuns: list_runs,
+    ReadFile: read_file,
+    Launch: launch_run,
+    Kill: kill_run,
+    Restart: restart,
+    DumpStacks: dump_stacks,
+    ClearCompileCache: clear_compile_cache,
+    Deploy: deploy_release,
+}

@@ -1,0 +1,89 @@
+"""deploy: a release unpacked, checked against the hash the monitor sent, then made current.
+
+Nothing from the archive runs before it is trusted: the shipped files are hashed as bytes
+with the agent's own (bundled) `code_hash`, never with code from the archive, and `current`
+switches only when the hash matches.
+
+REMOTE_DIR/releases/<sha256[:16]>/  trainer/, dflash_agent.py, _vendor/pynvml.py
+REMOTE_DIR/current -> releases/<…> (one atomic rename), REMOTE_DIR/deployed.json
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import re
+import secrets
+import shutil
+import tarfile
+import time
+
+from dflash_tui.agent.errors import CommandError
+from trainer.contract.codehash import code_hash
+from trainer.contract.protocol import Deploy, Deployed
+from trainer.contract.records import write_json_atomic
+from trainer.contract.typed import encode
+
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def safe_extract(tar: tarfile.TarFile, dest: str) -> None:
+    """Extract regular files and folders only, never outside `dest`."""
+    root = os.path.realpath(dest)
+    for member in tar.getmembers():
+        target = os.path.realpath(os.path.join(dest, member.name))
+        if not (target == root or target.startswith(root + os.sep)):
+            raise CommandError(f"deploy: unsafe path in archive: {member.name!r}")
+        if member.isdir():
+            os.makedirs(target, exist_ok=True)
+        elif member.isfile():
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            src = tar.extractfile(member)
+            assert src is not None  # a regular file always has content
+            with open(target, "wb") as f:
+                shutil.copyfileobj(src, f)
+            os.chmod(target, 0o644 | (member.mode & 0o111))
+        else:
+            raise CommandError(f"deploy: only files and folders allowed, got {member.name!r}")
+
+
+def deploy(remote_dir: str, cmd: Deploy) -> Deployed:
+    want = cmd.sha256
+    if not SHA256.match(want):
+        raise CommandError("deploy needs the sha256 of what it ships")
+    try:
+        blob = base64.b64decode(cmd.tar_b64, validate=True)
+    except binascii.Error as e:
+        raise CommandError(f"deploy: the archive is not base64 ({e})") from None
+    releases = os.path.join(remote_dir, "releases")
+    os.makedirs(releases, exist_ok=True)
+    tmp = os.path.join(releases, f".incoming-{secrets.token_hex(4)}")
+    os.mkdir(tmp)
+    final = os.path.join(releases, want[:16])
+    try:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+                safe_extract(tar, tmp)
+        except tarfile.TarError as e:
+            raise CommandError(f"deploy: not a readable tar archive ({e})") from None
+        shipped = os.path.join(tmp, "trainer")
+        if not os.path.isdir(shipped):
+            raise CommandError("deploy: no trainer/ in the archive")
+        got = code_hash(shipped)
+        if got != want:
+            raise CommandError(f"deploy: shipped code hashes to {got}, expected {want}")
+        if os.path.isdir(final):
+            shutil.rmtree(tmp)  # this very code is there already
+        else:
+            os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    link_tmp = os.path.join(remote_dir, f".current-{secrets.token_hex(4)}")
+    os.symlink(os.path.join("releases", want[:16]), link_tmp)
+    os.replace(link_tmp, os.path.join(remote_dir, "current"))  # atomic switch
+    record = Deployed(sha256=want, release=final, at=time.time(), bytes=len(blob))
+    write_json_atomic(os.path.join(remote_dir, "deployed.json"), encode(record))
+    return record

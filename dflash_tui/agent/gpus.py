@@ -1,0 +1,138 @@
+"""GPU samples: NVML through pynvml when importable, else nvidia-smi, else a clear no_gpu."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from trainer.contract.protocol import GpuDevice, GpuProcess
+
+MIB = 1 << 20
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _is_local(pid: int) -> bool:
+    # Inside a container NVML may report host pids, which do not exist here.
+    return os.path.exists(f"/proc/{pid}")
+
+
+class Gpus:
+    SMI_GPU = (
+        "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,power.draw,"
+        "temperature.gpu"
+    )
+    SMI_APPS = "--query-compute-apps=pid,used_memory,gpu_uuid"
+
+    def __init__(self) -> None:
+        self.backend = "none"
+        self.reason = ""
+        self.nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.backend = pynvml, "nvml"
+            return
+        except Exception as e:  # ImportError, NVMLError (no driver), anything odd
+            self.reason = f"NVML: {e}"
+        if shutil.which("nvidia-smi"):
+            try:
+                self._smi()
+                self.backend = "nvidia-smi"
+                return
+            except Exception as e:
+                first = (str(e).strip().splitlines() or ["failed"])[0]
+                self.reason += f"; nvidia-smi: {first}"
+        else:
+            self.reason += "; nvidia-smi: not found"
+
+    def sample(self) -> list[GpuDevice]:
+        if self.backend == "nvml":
+            return self._nvml()
+        if self.backend == "nvidia-smi":
+            return self._smi()
+        return []
+
+    def _nvml(self) -> list[GpuDevice]:
+        n = self.nvml
+        out = []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            dev = GpuDevice(
+                index=i,
+                uuid=_text(n.nvmlDeviceGetUUID(h)),
+                name=_text(n.nvmlDeviceGetName(h)),
+                mem_used=int(mem.used),
+                mem_total=int(mem.total),
+            )
+            # Each reading may be unsupported on a given board: a missing one stays None.
+            with contextlib.suppress(Exception):
+                dev.util = int(n.nvmlDeviceGetUtilizationRates(h).gpu)
+            with contextlib.suppress(Exception):
+                dev.power_w = n.nvmlDeviceGetPowerUsage(h) / 1000.0
+            with contextlib.suppress(Exception):
+                dev.temp_c = int(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+            with contextlib.suppress(Exception):
+                for p in n.nvmlDeviceGetComputeRunningProcesses(h):
+                    pid = int(p.pid)
+                    dev.processes.append(
+                        GpuProcess(
+                            pid=pid, mem_used=int(p.usedGpuMemory or 0), local=_is_local(pid)
+                        )
+                    )
+            out.append(dev)
+        return out
+
+    def _smi(self) -> list[GpuDevice]:
+        def run(query: str) -> list[list[str]]:
+            r = subprocess.run(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            if r.returncode != 0:
+                raise RuntimeError(r.stdout + r.stderr)
+            return [[c.strip() for c in ln.split(",")] for ln in r.stdout.splitlines() if ln]
+
+        def num(x: str) -> float | None:
+            try:
+                return float(x)
+            except ValueError:
+                return None  # "[N/A]", "[Not Supported]"
+
+        def whole(x: str) -> int | None:
+            value = num(x)
+            return None if value is None else int(value)
+
+        devs = []
+        by_uuid = {}
+        for row in run(self.SMI_GPU):
+            dev = GpuDevice(
+                index=int(row[0]),
+                uuid=row[1],
+                name=row[2],
+                mem_used=int(float(row[3]) * MIB),
+                mem_total=int(float(row[4]) * MIB),
+                util=whole(row[5]),
+                power_w=num(row[6]),
+                temp_c=whole(row[7]),
+            )
+            devs.append(dev)
+            by_uuid[dev.uuid] = dev
+        for row in run(self.SMI_APPS):
+            owner = by_uuid.get(row[2])
+            if owner is not None and row[0].isdigit():
+                pid = int(row[0])
+                owner.processes.append(
+                    GpuProcess(pid=pid, mem_used=int(float(row[1]) * MIB), local=_is_local(pid))
+                )
+        return devs

@@ -1,0 +1,130 @@
+"""Stopping a run: SIGTERM to its process group, SIGKILL after a timeout, then waiting until
+its GPU memory is released (the next run needs it), and reading the exit record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.gpus import Gpus
+from dflash_tui.agent.procs import group_pids, proc_start
+from dflash_tui.agent.runs import Process, RunRoot
+from trainer.contract.protocol import GpuProcess
+from trainer.contract.records import ExitRecord, read_exit
+
+GpuEntries = dict[tuple[int, int], GpuProcess]  # (GPU index, pid) -> its process entry
+
+
+def run_group(proc: Process) -> list[int]:
+    """The live pids of the run's process group. When the leader's pid now names another
+    process (it started at another time), that group is a stranger's: none of them."""
+    if proc.pgid is None:
+        return []
+    if proc.start is not None and proc.pid == proc.pgid:
+        now = proc_start(proc.pgid)
+        if now is not None and now != proc.start:
+            return []
+    return group_pids(proc.pgid)
+
+
+def gpu_entries(gpus: Gpus) -> GpuEntries | None:
+    if gpus.backend == "none":
+        return None
+    try:
+        devices = gpus.sample()
+    except Exception:
+        return None
+    return {(d.index, p.pid): p for d in devices for p in d.processes}
+
+
+def kill(
+    runs: RunRoot,
+    gpus: Gpus,
+    run_id: str,
+    timeout: float,
+    drain_timeout: float,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    proc = runs.process(run_id)
+    pgid = proc.pgid
+    if not pgid:
+        raise CommandError(f"run {run_id} has no recorded process group")
+    pids = run_group(proc)
+    before = gpu_entries(gpus)
+    t0 = time.monotonic()
+    used = "SIGTERM"
+    if pids:
+        progress(f"SIGTERM to process group {pgid} (pids {pids})")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        next_note = 5.0
+        while run_group(proc) and time.monotonic() - t0 < timeout:
+            if time.monotonic() - t0 > next_note:
+                progress(
+                    f"waiting for a clean exit: {time.monotonic() - t0:.0f}s of {timeout:.0f}s"
+                )
+                next_note += 5.0
+            time.sleep(0.1)
+        if run_group(proc):
+            used = "SIGKILL"
+            progress(f"still alive after {timeout:.0f}s: SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            end = time.monotonic() + 10
+            while run_group(proc) and time.monotonic() < end:
+                time.sleep(0.05)
+    stop_s = time.monotonic() - t0
+    orphans = run_group(proc)
+    drain_s, held = wait_drain(gpus, pids, before, drain_timeout, progress)
+    # The wrapper records the exit; give it a moment.
+    run_dir = runs.run_dir(run_id)
+    end = time.monotonic() + 5
+    while read_exit(run_dir) is None and time.monotonic() < end:
+        time.sleep(0.05)
+    ended = read_exit(run_dir)
+    drained = "" if drain_s is None else f", GPU memory released after {drain_s:.1f}s"
+    progress(f"stopped in {stop_s:.1f}s{drained}")
+    return {
+        "run_id": run_id,
+        "signal": used,
+        "pids": pids,
+        "stop_s": stop_s,
+        "drain_s": drain_s,
+        "gpu_held_by": held,
+        "orphans": orphans,
+        "exit": ended if isinstance(ended, ExitRecord) else None,
+    }
+
+
+def wait_drain(
+    gpus: Gpus,
+    pids: list[int],
+    before: GpuEntries | None,
+    timeout: float,
+    progress: Callable[[str], None],
+) -> tuple[float | None, list[int]]:
+    """Wait until the killed processes' GPU memory is released -> (seconds, still held)."""
+    if before is None:
+        return None, []
+    t0 = time.monotonic()
+    ours = set(pids)
+    # Entries we cannot map (host pids seen from a container) count as ours if they
+    # were there at kill time: wait for them to go too.
+    watch = {k for k, p in before.items() if k[1] in ours or not p.local}
+    next_note = 2.0
+    while True:
+        now_entries = gpu_entries(gpus) or {}
+        held = sorted({k[1] for k in watch if k in now_entries})
+        if not held:
+            return time.monotonic() - t0, []
+        if time.monotonic() - t0 > timeout:
+            return None, held
+        if time.monotonic() - t0 > next_note:
+            progress(f"GPU memory still held by pids {held}")
+            next_note += 2.0
+        time.sleep(0.1)

@@ -1,0 +1,149 @@
+"""Starting a run: a fresh run dir, launch.json, and the detached wrapper, all under the run
+root's launch lock (a second launch while a run lives is refused by the kernel, not a guess).
+
+The lock is taken here and handed down: the wrapper inherits the descriptor and passes it to
+the trainer, so the kernel releases it when the last of them exits, even on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.runs import RunRoot
+from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, describe_exit, record_exit
+from trainer.contract.records import (
+    HEARTBEAT,
+    LAUNCH_CONFIG,
+    LAUNCH_LOG,
+    TRAIN_LOG,
+    ExitRecord,
+    LaunchRecord,
+    read_exit,
+    write_launch,
+)
+
+AGENT_FILE = "dflash_agent.py"  # the agent bundle in a release (deploy writes it)
+
+
+def release_dir(remote_dir: str) -> str:
+    cur = os.path.join(remote_dir, "current")
+    if not os.path.isfile(os.path.join(cur, "trainer", "__main__.py")):
+        raise CommandError(f"nothing deployed in {remote_dir}: run `dflash-tui deploy` first")
+    return os.path.realpath(cur)
+
+
+def launch(
+    runs: RunRoot,
+    remote_dir: str,
+    python: str | None,
+    config_toml: str,
+    overrides: list[str],
+    name: str,
+    start_timeout_s: float,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    release = release_dir(remote_dir)
+    os.makedirs(runs.path, exist_ok=True)
+    lock_fd = os.open(runs.lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            alive = runs.active_run() or "?"
+            raise CommandError(f"run {alive} is alive under {runs.path}: kill it first") from None
+        run_id, run_dir = runs.new_run_dir(name)
+        config_path = os.path.join(run_dir, LAUNCH_CONFIG)
+        with open(config_path, "w") as f:
+            f.write(config_toml)
+        python = python or sys.executable
+        argv = [python, "-m", "trainer", "--config", config_path, "--run-dir", run_dir]
+        for o in overrides:
+            argv += ["--set", o]
+        write_launch(
+            run_dir,
+            LaunchRecord(
+                run_id=run_id,
+                argv=argv,
+                overrides=overrides,
+                name=name,
+                python=python,
+                release=release,
+                launched_at=time.time(),
+                agent_pid=os.getpid(),
+            ),
+        )
+        wrapper = [
+            python,
+            "-u",
+            os.path.join(release, AGENT_FILE),
+            "wrap",
+            "--run-dir",
+            run_dir,
+            "--lock-fd",
+            str(lock_fd),
+            "--cwd",
+            release,
+            "--",
+            *argv,
+        ]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = release + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(os.path.join(run_dir, LAUNCH_LOG), "ab") as log:
+            try:
+                proc = subprocess.Popen(
+                    wrapper,
+                    cwd=release,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=(lock_fd,),
+                    env=env,
+                )
+            except OSError as e:
+                why = f"could not start {python}: {e}"
+                log.write(f"{why}\n".encode())
+                record_exit(run_dir, EXIT_COULD_NOT_START, error=why)
+                raise CommandError(why) from None
+        runs.set_active(run_id, proc.pid)
+    finally:
+        os.close(lock_fd)  # the wrapper (and the trainer) hold the lock now
+    threading.Thread(target=proc.wait, daemon=True).start()  # reap it: never a zombie
+    progress(f"launched {run_id}, waiting for the trainer to start")
+    return wait_started(run_id, run_dir, start_timeout_s)
+
+
+def wait_started(run_id: str, run_dir: str, timeout: float) -> dict[str, Any]:
+    """Report a run that dies before its first heartbeat at once, with its output."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ended = read_exit(run_dir)
+        if ended is not None:
+            how = describe_exit(ended) if isinstance(ended, ExitRecord) else str(ended)
+            launch_log = tail_text(os.path.join(run_dir, LAUNCH_LOG), 4000).rstrip()
+            train_log = tail_text(os.path.join(run_dir, TRAIN_LOG), 8000).rstrip()
+            raise CommandError(
+                f"run {run_id} exited at start ({how})\n--- launch.log\n{launch_log}\n"
+                f"--- train.log\n{train_log}"
+            )
+        if os.path.exists(os.path.join(run_dir, HEARTBEAT)):
+            return {"run_id": run_id, "run_dir": run_dir, "started": True}
+        time.sleep(0.05)
+    return {
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "started": False,
+        "note": f"no heartbeat after {timeout:.0f} s; still starting?",
+    }

@@ -1,0 +1,322 @@
+"""The agent's loop: one thread that follows one run's files, lists the runs, reports the
+followed run's liveness and carries out commands; a stdin thread and a GPU thread feed it.
+
+The loop sleeps in select() on a wake pipe (a command arrived) and inotify (a followed file
+changed), so a new line reaches the monitor within milliseconds and an idle agent costs
+next to nothing. Commands that wait (kill, launch, deploy) run on threads of their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import select
+import shutil
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from dflash_tui.agent.commands import HANDLERS
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.files import FileFollower, HeartbeatWatch, Inotify
+from dflash_tui.agent.gpus import Gpus
+from dflash_tui.agent.output import Out
+from dflash_tui.agent.runs import RunRoot
+from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
+from trainer.contract.protocol import (
+    FOLLOWED_FILES,
+    PROTOCOL_VERSION,
+    QUICK_COMMANDS,
+    Command,
+    Deployed,
+    Follow,
+    GpuSample,
+    HeartbeatError,
+    HeartbeatEvent,
+    Hello,
+    Line,
+    Liveness,
+    Log,
+    Progress,
+    Result,
+    RunInfo,
+    RunsEvent,
+    Truncated,
+)
+from trainer.contract.records import HEARTBEAT
+from trainer.contract.typed import Invalid, decode, encode
+
+RUNS_EVERY_S = 10.0  # the runs list also goes out at once on a change
+LIVENESS_EVERY_S = 5.0  # the liveness event too
+PERIODIC_S = 1.0  # how often the loop looks for new runs and liveness changes
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace, out: Out) -> None:
+        self.args = args
+        self.out = out
+        self.remote_dir = os.path.abspath(os.path.expanduser(args.remote_dir))
+        self.runs = RunRoot(os.path.abspath(os.path.expanduser(args.run_root)))
+        self.commands: queue.Queue[Command | None] = queue.Queue()  # None: stdin closed
+        self.stop = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        # What is followed. The follow command (loop thread) and the file poll share it.
+        self.lock = threading.Lock()
+        self.follow_target: str | None = None  # a run id or "latest"; None until asked
+        self.run_id: str | None = None
+        self.followers: dict[str, FileFollower] = {}
+        self.heartbeat: HeartbeatWatch | None = None
+        self.last_liveness: tuple[Any, ...] | None = None
+        self.last_liveness_at = 0.0
+        self.last_runs: tuple[Any, ...] | None = None
+        self.last_runs_at = 0.0
+        vendored = os.path.join(self.remote_dir, "current", "_vendor")
+        if os.path.isdir(vendored):
+            sys.path.insert(0, vendored)  # the pynvml that deploy carried along
+        self.gpus = Gpus()
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def hello(self) -> None:
+        self.out.emit(
+            Hello(
+                version=PROTOCOL_VERSION,
+                pid=os.getpid(),
+                host=socket.gethostname(),
+                python=sys.executable,
+                python_version=sys.version.split()[0],
+                run_root=self.runs.path,
+                remote_dir=self.remote_dir,
+                gpu_backend=self.gpus.backend,
+                gpu_reason=self.gpus.reason,
+                pyspy=bool(shutil.which("py-spy")),
+                deployed=self.deployed(),
+            )
+        )
+
+    def deployed(self) -> Deployed | None:
+        """deployed.json, or None when nothing (readable) was deployed."""
+        try:
+            with open(os.path.join(self.remote_dir, "deployed.json"), "rb") as f:
+                return decode(Deployed, json.loads(f.read(65536)))
+        except (OSError, ValueError, RecursionError, Invalid):
+            return None
+
+    def log(self, level: str, message: str) -> None:
+        self.out.emit(Log(level=level, message=message))
+
+    def progress(self, cmd: Command, message: str) -> None:
+        self.out.emit(Progress(id=cmd.id, message=message))
+
+    def read_stdin(self) -> None:
+        for line in read_lines(sys.stdin.buffer):
+            try:
+                got = parse_command(line)
+            except Exception as e:  # a bug in a decoder: answer it, keep reading
+                got = Rejected(None, f"command unreadable: {type(e).__name__}: {e}")
+            if isinstance(got, Rejected):
+                self.out.emit(Result(id=got.id, ok=False, error=got.error))
+                if got.id is None:  # nothing to match it with: say it where a person looks
+                    self.log("error", f"bad command line: {got.error}")
+            elif got is not None:
+                self.commands.put(got)
+                self.wake()
+        self.commands.put(None)  # EOF: the client went away
+        self.wake()
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"x")
+
+    def run(self) -> None:
+        self.hello()
+        threading.Thread(target=self.read_stdin, name="stdin", daemon=True).start()
+        threading.Thread(target=self.gpu_loop, name="gpu", daemon=True).start()
+        inotify = None
+        why = "--no-inotify"
+        if not self.args.no_inotify:
+            try:
+                inotify = Inotify()
+            except (OSError, AttributeError) as e:
+                why = f"no inotify: {e}"
+        if inotify is None:
+            self.log(
+                "info",
+                f"following files by polling every {self.args.poll_interval * 1e3:.0f} ms ({why})",
+            )
+        # With inotify, a slow poll is only the safety net for missed events.
+        poll = 0.5 if inotify is not None else self.args.poll_interval
+        next_periodic = 0.0
+        while not self.stop.is_set():
+            waits = [self.wake_r] + ([inotify.fd] if inotify is not None else [])
+            timeout = max(0.0, min(poll, next_periodic - time.monotonic()))
+            ready, _, _ = select.select(waits, [], [], timeout)
+            if self.wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 4096)
+                if not self.drain_commands():
+                    break
+            if inotify is not None and inotify.fd in ready:
+                inotify.drain()
+            try:
+                if time.monotonic() >= next_periodic:
+                    next_periodic = time.monotonic() + PERIODIC_S
+                    self.check_runs()
+                self.follow_files()
+                if inotify is not None:
+                    inotify.watch(self.watched_dirs())
+            except Exception as e:  # never die of a monitoring hiccup
+                self.log("error", f"tick: {e}")
+        self.stop.set()
+
+    def drain_commands(self) -> bool:
+        """Run every queued command; False once stdin has closed."""
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return True
+            if cmd is None:
+                return False
+            self.dispatch(cmd)
+
+    def watched_dirs(self) -> list[str]:
+        dirs = [self.runs.path]
+        if self.run_id is not None:
+            dirs.append(self.runs.run_dir(self.run_id))
+        return dirs
+
+    def gpu_loop(self) -> None:
+        backend = self.gpus.backend
+        if backend == "none":
+            self.out.emit(GpuSample(backend="none", state="no_gpu", reason=self.gpus.reason))
+            return
+        last_error = None
+        while not self.stop.is_set():
+            try:
+                self.out.emit(GpuSample(backend=backend, devices=self.gpus.sample()))
+                last_error = None
+            except Exception as e:
+                if str(e) != last_error:  # say it once, not every second
+                    last_error = str(e)
+                    self.out.emit(GpuSample(backend=backend, state="error", reason=str(e)))
+            self.stop.wait(self.args.gpu_interval)
+
+    # -- following ---------------------------------------------------------------------------
+    def follow_files(self) -> None:
+        with self.lock:
+            run_id = self.run_id
+            followers = dict(self.followers)
+            hb = self.heartbeat
+        if run_id is None:
+            return
+        if hb is not None:
+            got = hb.poll()
+            if got is not None:
+                kind, value = got
+                if kind == "ok":
+                    self.out.emit(HeartbeatEvent(run_id=run_id, data=value))
+                else:
+                    self.out.emit(HeartbeatError(run_id=run_id, error=value))
+        for name, follower in followers.items():
+            try:
+                lines, notice = follower.poll()
+            except OSError as e:
+                self.log("warning", f"{name}: {e}")
+                continue
+            if notice:
+                self.out.emit(Truncated(run_id=run_id, file=name, **notice))
+            for offset, end, text in lines:
+                self.out.emit(Line(run_id=run_id, file=name, offset=offset, end=end, text=text))
+
+    def set_follow(self, run_id: str, offsets: dict[str, int]) -> None:
+        d = self.runs.run_dir(run_id)
+        followers = {}
+        for name in FOLLOWED_FILES:
+            off = offsets.get(name)
+            followers[name] = FileFollower(
+                os.path.join(d, name),
+                off if off is not None and off >= 0 else None,
+                self.args.tail_bytes,
+            )
+        with self.lock:
+            self.run_id = run_id
+            self.followers = followers
+            self.heartbeat = HeartbeatWatch(os.path.join(d, HEARTBEAT))
+            self.last_liveness = None
+        self.out.emit(Follow(run_id=run_id, run_dir=d))
+
+    def follow_nothing(self) -> None:
+        with self.lock:
+            self.run_id = None
+
+    # -- the runs list and liveness ----------------------------------------------------------
+    def check_runs(self) -> None:
+        """Once a second: new runs, the alive run, liveness; the runs list on a change, and
+        every RUNS_EVERY_S anyway."""
+        alive = self.runs.alive_run()
+        ids = self.runs.run_ids()
+        if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
+            self.set_follow(ids[-1], {})
+        sig = (tuple(ids), alive)
+        now = time.time()
+        if sig != self.last_runs or now - self.last_runs_at > RUNS_EVERY_S:
+            self.last_runs, self.last_runs_at = sig, now
+            self.emit_runs(alive, ids)
+        self.check_liveness(alive, now)
+
+    def emit_runs(self, alive: str | None = None, ids: list[str] | None = None) -> None:
+        alive = self.runs.alive_run() if alive is None else alive
+        ids = self.runs.run_ids() if ids is None else ids
+        infos = []
+        for run_id in ids:
+            try:
+                infos.append(self.runs.info(run_id, alive))
+            except Exception as e:  # one odd run never hides the others
+                infos.append(RunInfo(run_id=run_id, error=f"{type(e).__name__}: {e}"))
+        self.out.emit(RunsEvent(runs=infos, alive_run=alive))
+
+    def check_liveness(self, alive_run: str | None, now: float) -> None:
+        run_id = self.run_id
+        if run_id is None:
+            return
+        alive, proc, exit_record = self.runs.liveness(run_id, alive_run)
+        exit_json = json.dumps(encode(exit_record), sort_keys=True)
+        state = (run_id, alive, proc.pid, proc.pgid, exit_json)
+        if state != self.last_liveness or now - self.last_liveness_at >= LIVENESS_EVERY_S:
+            self.last_liveness, self.last_liveness_at = state, now
+            self.out.emit(
+                Liveness(run_id=run_id, alive=alive, pid=proc.pid, pgid=proc.pgid, exit=exit_record)
+            )
+
+    # -- commands ----------------------------------------------------------------------------
+    def dispatch(self, cmd: Command) -> None:
+        handler = HANDLERS[type(cmd)]
+
+        def work() -> None:
+            try:
+                data = handler(self, cmd)
+                self.out.emit(Result(id=cmd.id, ok=True, data=data))
+            except CommandError as e:
+                self.out.emit(Result(id=cmd.id, ok=False, error=str(e)))
+            except Exception as e:
+                self.out.emit(
+                    Result(
+                        id=cmd.id,
+                        ok=False,
+                        error=f"{type(e).__name__}: {e}",
+                        traceback=traceback.format_exc(),
+                    )
+                )
+
+        if cmd.cmd in QUICK_COMMANDS:
+            work()
+        else:  # long commands must not stall the stream
+            threading.Thread(target=work, name=f"cmd-{cmd.cmd}", daemon=True).start()

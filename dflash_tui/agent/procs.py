@@ -1,0 +1,68 @@
+"""What /proc says about a process: whether it lives, when it started, its process group.
+
+A pid alone does not name a process: once it exits, the kernel hands the number to the next
+one. The start time (field 22 of /proc/PID/stat, in clock ticks since boot) does not repeat
+for a pid, so the pair names the process; run records keep it as `proc_start`.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Indexes into the fields after the command name in /proc/PID/stat (field 3 is index 0).
+_STATE = 0  # field 3: R, S, D, Z, ...
+_PGRP = 2  # field 5
+_START = 19  # field 22: start time, clock ticks after boot
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    return data.rsplit(b")", 1)[1].decode("ascii", "replace").split()
+
+
+def _have_proc() -> bool:
+    return os.path.exists("/proc/self/stat")
+
+
+def proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks; None when it is gone or there is no /proc."""
+    fields = _stat(pid)
+    return int(fields[_START]) if fields is not None else None
+
+
+def pid_alive(pid: int | None, start: int | None = None) -> bool:
+    """Whether `pid` is a live process (a zombie is dead) and, when `start` is given, the
+    same process that started then: a reused pid is not it."""
+    if pid is None or pid <= 0:  # kill(0) would signal our own process group
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists; another user's
+    fields = _stat(pid)
+    if fields is None:
+        # Gone between the two calls, or a system without /proc, where the signal is all
+        # there is to go on.
+        return not _have_proc()
+    if fields[_STATE] == "Z":
+        return False
+    return start is None or int(fields[_START]) == start
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group `pgid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat(entry)
+        if fields is not None and fields[_STATE] != "Z" and int(fields[_PGRP]) == pgid:
+            out.append(int(entry))
+    return sorted(out)

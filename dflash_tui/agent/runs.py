@@ -1,0 +1,341 @@
+"""The run root: which folders are runs, the launch lock, each run's process, the one
+liveness rule, and each run's line in the runs list (`RunInfo`, built from the contract's
+readers: a torn or foreign file is named in `unreadable`, never a crash of the list)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import secrets
+import socket
+import time
+from typing import TypeVar
+
+from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.procs import pid_alive
+from trainer.contract.comparable import signature_of
+from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+from trainer.contract.outcomes import CRASH, DIED, outcome_of
+from trainer.contract.phases import phase_durations
+from trainer.contract.protocol import RunInfo
+from trainer.contract.records import (
+    CHECKPOINTS,
+    CONFIG,
+    EXIT,
+    HEARTBEAT,
+    LAUNCH,
+    LAUNCH_LOG,
+    METRICS,
+    RUN_FILES,
+    TRAIN_LOG,
+    ExitRecord,
+    LaunchRecord,
+    read_config,
+    read_exit,
+    read_launch,
+    write_json_atomic,
+)
+from trainer.contract.steplines import parse_step_line
+from trainer.contract.typed import Unreadable
+
+LOCK_NAME = ".launch.lock"  # flock-ed while a launched run lives
+ACTIVE_NAME = ".active.json"  # which run holds the lock: {run_id, wrapper_pid}
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CHECKPOINT_NAME = re.compile(r"^step-\d+\.pt$")
+LAST_WORDS_BYTES = 16 * 1024  # how much of a log's end to search for its last words
+METRICS_CHUNK = 4 << 20  # bytes of metrics.jsonl held at once while summarising it
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+    """A run's trainer process, as its records name it."""
+
+    pid: int | None = None
+    pgid: int | None = None
+    start: int | None = None  # proc_start: with the pid, it names the process
+    here: bool = True  # recorded on this host (a shared run root may hold other hosts' runs)
+
+
+def process_of(launch: LaunchRecord | None, hb: Heartbeat | None) -> Process:
+    """launch.json's pid (the wrapper wrote it), else the heartbeat's (a run started by hand)."""
+    here = hb is None or hb.host == socket.gethostname()
+    if launch is not None and launch.pid:
+        start = launch.proc_start
+        if start is None and hb is not None and hb.pid == launch.pid:
+            start = hb.proc_start
+        return Process(launch.pid, launch.pgid or launch.pid, start, here)
+    if hb is not None:
+        return Process(hb.pid, hb.process_group, hb.proc_start, here)
+    return Process(here=here)
+
+
+def is_alive(run_id: str, alive_run: str | None, has_exit: bool, proc: Process) -> bool:
+    """THE liveness rule; the runs list and the liveness event both ask it.
+
+    A run is alive iff the run root's launch lock is held and .active.json names it, or it
+    has no exit.json and its recorded process, on this host, is alive, not a zombie, and
+    (when its start time is recorded) the process that started then: a reused pid is not it.
+    """
+    if alive_run == run_id:
+        return True
+    return not has_exit and proc.here and pid_alive(proc.pid, proc.start)
+
+
+def _readable(value: T | Unreadable | None, name: str, unreadable: list[str]) -> T | None:
+    """A reader's value, or None; an Unreadable one is named in `unreadable`."""
+    if isinstance(value, Unreadable):
+        unreadable.append(name)
+        return None
+    return value
+
+
+def newest_checkpoint(run_dir: str) -> str | None:
+    """checkpoints/step-*.pt with the highest step, relative to the run dir."""
+    try:
+        names = [
+            n for n in os.listdir(os.path.join(run_dir, CHECKPOINTS)) if CHECKPOINT_NAME.match(n)
+        ]
+    except OSError:
+        return None
+    if not names:
+        return None
+    newest = max(names, key=lambda n: int(n[len("step-") : -len(".pt")]))
+    return f"{CHECKPOINTS}/{newest}"
+
+
+def last_words(run_dir: str) -> str:
+    """The last line of train.log, else launch.log, that is not a step line: what a run said
+    before it ended without recording an error ("error: train.lr: expected a number")."""
+    for name in (TRAIN_LOG, LAUNCH_LOG):
+        text = tail_text(os.path.join(run_dir, name), LAST_WORDS_BYTES)
+        for raw in reversed(text.splitlines()):
+            line = raw.strip()
+            if line and parse_step_line(line) is None:
+                return line
+    return ""
+
+
+@dataclasses.dataclass
+class _MetricsSummary:
+    inode: int
+    offset: int = 0  # bytes of metrics.jsonl summarised so far (whole lines)
+    best: float | None = None
+    last: float | None = None
+    steps: int = 0
+
+    def add(self, raw: bytes) -> None:
+        # Two fields of a row, read directly: decoding every row as a MetricsRow would make
+        # the first look at a 1 GB metrics file take minutes.
+        try:
+            row = json.loads(raw)
+        except (ValueError, RecursionError):
+            return
+        tok = row.get("tok_s") if isinstance(row, dict) else None
+        if isinstance(tok, bool) or not isinstance(tok, int | float):
+            return
+        self.last = float(tok)
+        self.best = self.last if self.best is None else max(self.best, self.last)
+        step = row.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            self.steps = step
+
+
+class RunRoot:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._metrics: dict[str, _MetricsSummary] = {}
+        self._created: dict[str, float] = {}  # read once: it never changes
+
+    def run_dir(self, run_id: str) -> str:
+        if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
+            raise ValueError(f"bad run id {run_id!r}")
+        return os.path.join(self.path, run_id)
+
+    def is_run(self, name: str) -> bool:
+        """A folder with config.json (the trainer started) or launch.json (the agent launched
+        it: a run that died before start has nothing else)."""
+        d = os.path.join(self.path, name)
+        return bool(SAFE_ID.match(name)) and any(
+            os.path.isfile(os.path.join(d, f)) for f in RUN_FILES
+        )
+
+    def run_ids(self) -> list[str]:
+        """Oldest first."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        return sorted((n for n in names if self.is_run(n)), key=self.created)
+
+    def latest(self) -> str | None:
+        ids = self.run_ids()
+        return ids[-1] if ids else None
+
+    def created(self, run_id: str) -> float:
+        """When the run began: launch.json's launched_at for a launched run (it is there
+        before config.json, so every session reads the same value), else config.json's
+        run.created, else the folder's mtime."""
+        if run_id not in self._created:
+            self._created[run_id] = self._read_created(run_id)
+        return self._created[run_id]
+
+    def _read_created(self, run_id: str) -> float:
+        d = os.path.join(self.path, run_id)
+        launch = read_launch(d)
+        if isinstance(launch, LaunchRecord) and launch.launched_at:
+            return launch.launched_at
+        config = read_config(d)
+        run = config.get("run") if isinstance(config, dict) else None
+        created = run.get("created") if isinstance(run, dict) else None
+        if isinstance(created, int | float) and not isinstance(created, bool):
+            return float(created)
+        try:
+            return os.stat(d).st_mtime
+        except OSError:
+            return 0.0
+
+    # -- the launch lock: whether *a* run is alive; .active.json says which ----------------
+    def lock_path(self) -> str:
+        return os.path.join(self.path, LOCK_NAME)
+
+    def alive_run(self) -> str | None:
+        """The run holding the launch lock ("?" when .active.json does not say), or None."""
+        try:
+            fd = os.open(self.lock_path(), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return self.active_run() or "?"
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def active_run(self) -> str | None:
+        """The run .active.json names (the last one launched)."""
+        try:
+            with open(os.path.join(self.path, ACTIVE_NAME), "rb") as f:
+                data = json.loads(f.read(65536))
+        except (OSError, ValueError, RecursionError):
+            return None
+        run_id = data.get("run_id") if isinstance(data, dict) else None
+        return run_id if isinstance(run_id, str) and run_id else None
+
+    def set_active(self, run_id: str, wrapper_pid: int) -> None:
+        write_json_atomic(
+            os.path.join(self.path, ACTIVE_NAME), {"run_id": run_id, "wrapper_pid": wrapper_pid}
+        )
+
+    # -- one run ---------------------------------------------------------------------------
+    def process(self, run_id: str) -> Process:
+        d = self.run_dir(run_id)
+        launch, hb = read_launch(d), read_heartbeat(os.path.join(d, HEARTBEAT))
+        return process_of(
+            launch if isinstance(launch, LaunchRecord) else None,
+            hb if isinstance(hb, Heartbeat) else None,
+        )
+
+    def liveness(
+        self, run_id: str, alive_run: str | None
+    ) -> tuple[bool, Process, ExitRecord | None]:
+        """(alive, its process, its exit record) for the liveness event."""
+        d = self.run_dir(run_id)
+        exit_read = read_exit(d)
+        proc = self.process(run_id)
+        alive = is_alive(run_id, alive_run, exit_read is not None, proc)
+        return alive, proc, exit_read if isinstance(exit_read, ExitRecord) else None
+
+    def info(self, run_id: str, alive_run: str | None) -> RunInfo:
+        d = self.run_dir(run_id)
+        unreadable: list[str] = []
+        config = _readable(read_config(d), CONFIG, unreadable)
+        launch = _readable(read_launch(d), LAUNCH, unreadable)
+        hb = _readable(read_heartbeat(os.path.join(d, HEARTBEAT)), HEARTBEAT, unreadable)
+        exit_read = read_exit(d)
+        exit_record = _readable(exit_read, EXIT, unreadable)
+        alive = is_alive(run_id, alive_run, exit_read is not None, process_of(launch, hb))
+        checkpoint = newest_checkpoint(d)
+        outcome = outcome_of(alive, hb, exit_record, checkpoint)
+        recorded_error = (hb is not None and hb.error is not None) or bool(
+            exit_record and exit_record.error
+        )
+        if outcome.kind in (DIED, CRASH) and not recorded_error:
+            # Only these summaries quote the logs: read them only for these runs.
+            outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d))
+        best, last, steps = self._metrics_summary(run_id, os.path.join(d, METRICS))
+        name = config.get("name") if config is not None else None
+        return RunInfo(
+            run_id=run_id,
+            created=self.created(run_id),
+            name=name if isinstance(name, str) else launch.name if launch else None,
+            phase=hb.phase if hb else None,
+            step=hb.step if hb else None,
+            alive=alive,
+            exit=exit_record,
+            outcome=outcome,
+            best_tok_s=best,
+            last_tok_s=last,
+            steps=steps,
+            error=hb.error.message if hb and hb.error else None,
+            phases=phase_durations(hb.phase_history, hb.now, final=hb.final) if hb else {},
+            target_load_s=hb.target_load_s() if hb else None,
+            role_memory=hb.role_peaks() if hb else {},
+            signature=signature_of(config, hb.devices if hb else None) if config else None,
+            schema=hb.schema if hb else None,
+            unreadable=unreadable,
+        )
+
+    def _metrics_summary(self, run_id: str, path: str) -> tuple[float | None, float | None, int]:
+        """Best/last tok/s and the last step, read incrementally: a 1 GB metrics file is
+        scanned once, in bounded chunks, and then only what was appended."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None, None, 0
+        s = self._metrics.get(run_id)
+        if s is None or s.inode != st.st_ino or st.st_size < s.offset:
+            s = self._metrics[run_id] = _MetricsSummary(st.st_ino)
+        if st.st_size > s.offset:
+            with open(path, "rb") as f:
+                f.seek(s.offset)
+                while s.offset < st.st_size:
+                    data = f.read(min(METRICS_CHUNK, st.st_size - s.offset))
+                    end = data.rfind(b"\n") + 1
+                    if end == 0:
+                        if len(data) < METRICS_CHUNK:
+                            break  # a line still being written
+                        end = len(data)  # a "line" longer than a chunk is no row: skip it
+                    for raw in data[:end].splitlines():
+                        s.add(raw)
+                    s.offset += end
+                    f.seek(s.offset)
+        return s.best, s.last, s.steps
+
+    def new_run_dir(self, name: str) -> tuple[str, str]:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or "run").strip("-.")[:40] or "run"
+        os.makedirs(self.path, exist_ok=True)
+        for _ in range(100):
+            run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+            d = os.path.join(self.path, run_id)
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            return run_id, d
+        raise RuntimeError(f"could not create a fresh run dir under {self.path}")
+
+
+def describe_exit(record: ExitRecord) -> str:
+    if record.error:
+        return record.error
+    if record.signal:
+        return f"killed by {record.signal}"
+    return f"exit code {record.exit_code}"
