@@ -77,7 +77,10 @@ def test_the_whole_control_loop(remote_factory, local_target):
     # kill: SIGTERM to the process group, clean exit, nothing left
     k = r.request(Kill(timeout_s=30, drain_timeout_s=10), timeout=90)
     assert k["signal"] == "SIGTERM" and k["orphans"] == [] and k["pids"]
-    assert k["exit"]["exit_code"] == 0 and k["exit"]["final_phase"] == "finished"
+    # Killed mid-run: stopped (schema 1 said finished), its last checkpoint in the record.
+    assert k["exit"]["exit_code"] == 0 and k["exit"]["final_phase"] == "stopped"
+    assert k["exit"]["step"] < k["exit"]["total_steps"]
+    assert k["exit"]["checkpoint"] == f"checkpoints/step-{k['exit']['step']:08d}.pt"
     run_dir = remote / "runs" / run_id
     assert json.loads((run_dir / "exit.json").read_text())["exit_code"] == 0
     assert "trainer exited: exit code 0" in (run_dir / "launch.log").read_text()
