@@ -140,17 +140,16 @@ class Pipeline:
                     raise Aborted from None
 
     def _barrier_wait(self) -> None:
+        """No timeout: a Barrier breaks for everyone when one waiter times out, so a long
+        optimizer step or checkpoint on replica 0 would crash the run. A failing thread
+        aborts the barrier instead (`_spawn`), which is what ends this wait early."""
         self.state.thread_state(WAIT_REPLICAS)
-        while True:
-            try:
-                self.barrier.wait(timeout=_POLL_S * 10)
-                return
-            except threading.BrokenBarrierError:
-                if self._ending():
-                    raise Aborted from None
-                raise
-            except TimeoutError:  # pragma: no cover - Barrier raises BrokenBarrierError
-                continue
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            if self._ending():
+                raise Aborted from None
+            raise
 
     # -- data order ----------------------------------------------------------------------
     def _epoch_order(self, epoch: int) -> list[list[int]]:

@@ -61,3 +61,17 @@ def test_a_hung_thread_stops_the_steps_not_the_heartbeat(start_trainer):
     assert targets and all(t["state"] == "forward" for t in targets)
     assert all(hb["now"] - t["since"] > 5 for t in targets)
     p.kill()
+
+
+def test_a_slow_checkpoint_does_not_break_the_replicas_barrier(start_trainer):
+    """Replica 0 checkpoints inside the optimizer step while the others wait at the barrier;
+    a save of a few seconds (a big drafter, a slow disk) must not crash the run."""
+    p = start_trainer(
+        "--max-steps", "12", "--set", "train.checkpoint_every=5",
+        env={"DFLASH_FAULT": "stall_checkpoint:3"},
+    )  # fmt: skip
+    assert p.wait(timeout=120) == 0, p.stdout_path.read_text()[-2000:]
+    hb = p.heartbeat()
+    assert hb["phase"] == "finished" and hb["step"] == 12
+    names = sorted(c.name for c in p.run_dir.glob("checkpoints/step-*.pt"))
+    assert names == ["step-00000005.pt", "step-00000010.pt", "step-00000012.pt"]
