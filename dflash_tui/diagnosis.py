@@ -24,6 +24,7 @@ from dflash_tui.facts import expected_memory, phase_comparison, phase_expectatio
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
 from trainer.contract.heartbeat import (
+    SAVING_CHECKPOINT,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
@@ -313,6 +314,21 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
     err = hb.error if hb else None
     message = (err.message if err else "") or (ex.error if ex else "") or ""
     where = f" in {err.thread}" if err and err.thread else ""
+    if ex is not None and ex.signal and not message:
+        # No exception: a signal ended it (the OOM killer, a kill -9). The outcome's word.
+        step = ex.step if ex.step is not None else hb.step if hb else None
+        at = f" at step {step}" if step is not None else ""
+        return [
+            Finding(
+                "critical",
+                "killed",
+                f"run killed by {ex.signal}{at}",
+                _no_error_evidence(s, ex),
+                "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
+                "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then "
+                "restart (r)",
+            )
+        ]
     if ex is not None and ex.signal:
         how = f"killed by {ex.signal}"
     else:
@@ -346,7 +362,8 @@ def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
             for ln in list(s.log_lines)[-5:] + list(s.launch_log)[-2:]
             if ln.strip() and " step=" not in ln
         ]
-        facts.extend(said[-2:])
+        # The trainer says a bad input in one `error: …` line: that line, when there is one.
+        facts.extend([ln for ln in said if ln.startswith("error")][-1:] or said[-2:])
     return "; ".join(facts)
 
 
@@ -360,6 +377,8 @@ def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     if ex.exit_code == 0 and not ex.error:
         return []
     tail = [ln for ln in list(s.launch_log)[-3:] + list(s.log_lines)[-3:] if ln.strip()]
+    errors = [ln for ln in tail if ln.startswith("error")]
+    tail = errors[-1:] + [ln for ln in tail if ln not in errors]
     return [
         Finding(
             "critical",
@@ -390,7 +409,9 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             what,
             f"heartbeat is {_dur(age)} old (pid {hb.pid}, phase "
             f"{hb.phase}); it is rewritten every <= 2 s by its own thread",
-            "dump stacks (d); if nothing answers, kill (k) and restart (r)",
+            "the process is gone: the finding above says how; restart (r)"
+            if alive is False
+            else "dump stacks (d); if nothing answers, kill (k) and restart (r)",
         )
     ]
 
@@ -398,9 +419,10 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
 @rule
 def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Fresh heartbeat, old last_step_at: the process lives but the training loop is stuck;
-    name the pipeline thread that has been in one state the longest."""
+    name the pipeline thread that has been in one state the longest. A checkpoint that does
+    not finish stops the loop too (a full or hung disk): said as such."""
     hb = s.heartbeat
-    if hb is None or hb.phase != TRAINING or not hb.last_step_at:
+    if hb is None or hb.phase not in (TRAINING, CHECKPOINTING) or not hb.last_step_at:
         return []
     if (s.heartbeat_age(now) or 0) > cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S:
         return []  # the process itself is stale: stale_heartbeat says it
@@ -408,12 +430,26 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     if since_step < cfg.stall_s:
         return []
     threads = [t for t in hb.threads if t.role in ("drafter", "target", "prefetch")]
+    if hb.phase == CHECKPOINTING:  # the saving thread is where it is stuck, not its waiters
+        threads = [t for t in threads if t.state == SAVING_CHECKPOINT] or threads
     stuck = max(threads, key=hb.in_state_s, default=None)
     where = (
         f"{stuck.name} ({stuck.state} for {_dur(hb.in_state_s(stuck))})"
         if stuck
         else "an unknown thread"
     )
+    if hb.phase == CHECKPOINTING:
+        return [
+            Finding(
+                "critical",
+                "checkpoint_stalled",
+                f"checkpoint after step {hb.step} stalled in {where}",
+                f"heartbeat fresh, checkpointing for {_dur(hb.now - hb.phase_started_at)}, "
+                f"no step for {_dur(since_step)}",
+                "check the disk under the run dir (free space, a slow or hung mount); dump "
+                "stacks (d) to see where the save waits",
+            )
+        ]
     return [
         Finding(
             "critical",
@@ -421,6 +457,37 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             f"training loop stalled in {where}",
             f"heartbeat fresh, but no step for {_dur(since_step)} (step {hb.step})",
             "dump stacks (d) to see where it waits",
+        )
+    ]
+
+
+@rule
+def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The logged loss is NaN or infinite: the weights are poisoned from that step on and
+    every further step is wasted. Names the first bad step and the last good one."""
+    rows = [(m.step, m.loss) for m in s.metrics] or [(x.step, x.loss) for x in s.step_lines]
+    if not rows or finite(rows[-1][1]) is not None:
+        return []
+    good = [(step, loss) for step, loss in rows if finite(loss) is not None]
+    last_good = good[-1] if good else None
+    since = next(step for step, loss in rows if finite(loss) is None and
+                 (last_good is None or step > last_good[0]))  # fmt: skip
+    bad = sum(1 for step, _ in rows if step >= since)
+    evidence = f"loss {rows[-1][1]} at step {rows[-1][0]}, non-finite in {bad} logged steps"
+    before = f"before step {since}"
+    if last_good is not None:
+        evidence += f"; last finite {last_good[1]:.4f} at step {last_good[0]}"
+        before = f"at or before step {last_good[0]}"
+    alive = not s.ended()
+    return [
+        Finding(
+            "critical",
+            "loss_not_finite",
+            f"loss is {rows[-1][1]} from step {since} on",
+            evidence,
+            ("kill it (k): every step from here trains on NaN weights; " if alive else "")
+            + f"resume from a checkpoint {before} with a lower lr or grad_clip, and look at "
+            "the batches after it",
         )
     ]
 

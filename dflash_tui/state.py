@@ -286,6 +286,10 @@ class Store:
         """How the followed run ended (trainer/contract/outcomes.py); None while it runs."""
         if self.run_id is None or not self.ended():
             return None
+        # The agent's word first: it also read the checkpoints and the logs' last words.
+        listed = self.current_run()
+        if listed and listed.outcome and listed.outcome.kind not in (RUNNING, UNKNOWN):
+            return listed.outcome
         alive = self.process_alive() is True and self.exit_info() is None
         got = outcome_of(alive, self.heartbeat, self.exit_info())
         return None if got.kind in (RUNNING, UNKNOWN) else got

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from trainer.checkpoint import TrainPosition
 from trainer.contract.heartbeat import (
+    SAVING_CHECKPOINT,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
@@ -292,7 +293,7 @@ class Pipeline:
             self._log_step()
         if cfg.train.checkpoint_every and p.step % cfg.train.checkpoint_every == 0 and not last:
             self.state.set_phase(CHECKPOINTING)
-            self.state.thread_state("checkpoint")
+            self.state.thread_state(SAVING_CHECKPOINT)
             self.save_checkpoint(self.position)
             self.state.set_phase(TRAINING)
         if self.stop_request.is_set() and not last:

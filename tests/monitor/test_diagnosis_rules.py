@@ -99,28 +99,31 @@ def test_crashed_with_the_trainer_error() -> None:
 
 
 def test_crashed_without_error_says_where_and_the_logs_last_words() -> None:
-    def exit_1(evs: Events) -> None:
-        for e in of_type(evs, "liveness"):
-            e.update(
-                alive=False,
-                exit={"run_id": e["run_id"], "exit_code": 1, "final_phase": None, "error": None},
-            )
-        of_type(evs, "line")[-1]["text"] = "09:47:39 trainer exited: exit code 1"
+    # The trainer's own one-line error when it wrote one (a bad input: exit 2) …
+    f = only(run("recorded/died_before_start.jsonl"), "crashed")
+    assert f.title == "run crashed (exit code 2)"
+    assert f.evidence == "no error recorded; error: train.lr: expected a number, got 'abc'"
 
-    f = only(run("missing_log.jsonl", exit_1), "crashed")
-    assert f.title == "run crashed (exit code 1)"
-    assert f.evidence.startswith("no error recorded; 09:47:38 wrapper pid 31337: python3 -m")
-    assert f.evidence.endswith("; 09:47:39 trainer exited: exit code 1")
+    # … else the logs' last two lines that are not step lines.
+    def no_error_line(evs: Events) -> None:
+        for e in of_type(evs, "line"):
+            if e["text"].startswith("error"):
+                evs.remove(e)
+
+    f = only(run("recorded/died_before_start.jsonl", no_error_line), "crashed")
+    assert f.evidence.startswith("no error recorded; ")
+    assert "wrapper pid 4002: /usr/bin/python3 -m trainer --config" in f.evidence
+    assert f.evidence.endswith("trainer exited: exit code 2")
 
 
 def test_died_before_log_needs_no_step_line_and_an_unclean_exit() -> None:
-    assert "died_at_start" in codes(run("missing_log.jsonl"))
+    assert "died_at_start" in codes(run("recorded/died_before_start.jsonl"))
 
     def clean(evs: Events) -> None:
         for e in of_type(evs, "liveness"):
             e["exit"] = {"run_id": e["run_id"], "exit_code": 0, "error": None}
 
-    assert "died_at_start" not in codes(run("missing_log.jsonl", clean))
+    assert "died_at_start" not in codes(run("recorded/died_before_start.jsonl", clean))
 
 
 def test_stale_heartbeat_after_three_intervals() -> None:
@@ -272,17 +275,20 @@ def test_cpu_targets_bottleneck_from_thread_states() -> None:
     def drafters_waiting(s: float) -> list[Any]:
         return [thread(f"drafter-{r}", "waiting: q_hs empty", s) for r in (0, 1)]
 
-    f = only(run("healthy_cpu.jsonl", empty, *drafters_waiting(31)), "targets_bottleneck")
+    f = only(run("recorded/healthy_cpu.jsonl", empty, *drafters_waiting(31)), "targets_bottleneck")
     assert "drafter-0, drafter-1 waiting: q_hs empty for 31s+" in f.evidence
-    assert "q_hs 0/8 0/8 (all 4 samples over 4s)" in f.evidence
-    assert run("healthy_cpu.jsonl", empty, *drafters_waiting(29)) == []
+    assert "q_hs 0/8 0/8 (all 10 samples over 13s)" in f.evidence
+    assert run("recorded/healthy_cpu.jsonl", empty, *drafters_waiting(29)) == []
     # round-robin: drafter-1 starves, drafter-0 waits for it at the replicas' barrier
     barrier = thread("drafter-0", "waiting for replicas", 40)
     starving = thread("drafter-1", "waiting: q_hs empty", 40)
-    f = only(run("healthy_cpu.jsonl", queues(q_hs=[0, 0]), barrier, starving), "targets_bottleneck")
+    f = only(
+        run("recorded/healthy_cpu.jsonl", queues(q_hs=[0, 0]), barrier, starving),
+        "targets_bottleneck",
+    )
     assert "drafter-0 waiting for replicas, drafter-1 waiting: q_hs empty for 40s+" in f.evidence
     working = thread("drafter-0", "backward", 40)
-    assert run("healthy_cpu.jsonl", queues(q_hs=[0, 0]), working, starving) == []
+    assert run("recorded/healthy_cpu.jsonl", queues(q_hs=[0, 0]), working, starving) == []
 
 
 def test_cpu_drafters_bottleneck() -> None:
@@ -290,24 +296,26 @@ def test_cpu_drafters_bottleneck() -> None:
         return [thread(f"target-{t}", "waiting: q_hs full", s) for t in (0, 1)]
 
     # q_hs 4/8 is as full as it gets with 2 targets and 2 drafters (each fed by one target)
-    f = only(run("healthy_cpu.jsonl", *targets_blocked(45)), "drafters_bottleneck")
+    f = only(run("recorded/healthy_cpu.jsonl", *targets_blocked(45)), "drafters_bottleneck")
     assert "target-0, target-1 waiting: q_hs full for 45s+" in f.evidence
     assert "q_hs 4/8 4/8" in f.evidence
-    assert run("healthy_cpu.jsonl", *targets_blocked(29)) == []
-    assert run("healthy_cpu.jsonl", queues(q_hs=[4, 3]), *targets_blocked(45)) == []
+    assert run("recorded/healthy_cpu.jsonl", *targets_blocked(29)) == []
+    assert run("recorded/healthy_cpu.jsonl", queues(q_hs=[4, 3]), *targets_blocked(45)) == []
 
 
 def test_cpu_prefetch_bottleneck() -> None:
     starved = [thread(f"target-{t}", "waiting: q_pre empty", 40) for t in (0, 1)]
-    f = only(run("healthy_cpu.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck")
+    f = only(
+        run("recorded/healthy_cpu.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck"
+    )
     assert "q_pre 0/8 0/8" in f.evidence and "prefetch-0 'waiting: q_pre full'" in f.evidence
 
 
 def test_cpu_stuck_target() -> None:
-    f = only(run("healthy_cpu.jsonl", thread("target-1", "forward", 61)), "target_stuck")
+    f = only(run("recorded/healthy_cpu.jsonl", thread("target-1", "forward", 61)), "target_stuck")
     assert f.title == "target 1 idle with a full q_pre"
     assert "target-1 'forward' for 1m01s" in f.evidence
-    assert run("healthy_cpu.jsonl", thread("target-1", "forward", 59)) == []
+    assert run("recorded/healthy_cpu.jsonl", thread("target-1", "forward", 59)) == []
 
 
 # -- role memory --------------------------------------------------------------------------

@@ -43,6 +43,7 @@ WAIT_PRE_EMPTY = "waiting: q_pre empty"
 WAIT_HS_EMPTY = "waiting: q_hs empty"
 WAIT_HS_FULL = "waiting: q_hs full"
 WAIT_REPLICAS = "waiting for replicas"
+SAVING_CHECKPOINT = "checkpoint"  # the thread that writes a checkpoint, while it does
 
 
 @dataclasses.dataclass

@@ -1,0 +1,384 @@
+"""Record the diagnosis scenarios from real CPU runs: `scripts/record-scenarios [NAME ...]`.
+
+Each scenario runs the operator's path for real: `deploy` and `launch` through the agent
+(a local one), the tiny CPU config, a fault injected with DFLASH_FAULT where the scenario
+needs one (a thread that raises, hangs or is slow, a NaN loss, a SIGKILL, a slow load,
+compile or checkpoint). Once the run is in the state the scenario is about, a second link
+connects as an operator's monitor would and everything the agent sends it for a few
+seconds is the scenario: tests/fixtures/scenarios/recorded/NAME.jsonl.
+
+Edits, and only these, so the files are stable and readable:
+- times: every timestamp is shifted by one constant so that the last event is at
+  NOW = 1_800_000_000 (the tests' clock); durations are untouched;
+- identities: pids are renumbered in order of appearance from 4000, the host is `cpu-box`,
+  the temporary folder is /workspace/dflash, the interpreter /usr/bin/python3.
+The header of each file says what was run, when and where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dflash_tui import control
+from dflash_tui.link.events import SinkEvent, event_json
+from dflash_tui.link.link import Link, LinkError
+from dflash_tui.state import Store
+from dflash_tui.targets import resolve_target
+from trainer.contract.heartbeat import WAIT_HS_EMPTY, WAIT_HS_FULL, WAIT_PRE_EMPTY, Heartbeat
+from trainer.contract.phases import TARGET_WAIT
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "fixtures" / "scenarios" / "recorded"
+TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
+NOW = 1_800_000_000.0
+BASE = ["runtime.wandb_mode=disabled", "train.max_steps=2000"]
+TIME_KEYS = {
+    "t", "now", "started_at", "phase_started_at", "last_step_at", "ended_at", "since", "at",
+    "created", "time", "launched_at",
+}  # fmt: skip
+PID_KEYS = {"pid", "pgid", "wrapper_pid", "agent_pid"}
+
+Ready = Callable[[Store], bool]
+
+
+@dataclasses.dataclass
+class Run:
+    fault: str = ""
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    until: Ready | None = None  # None: until the run has ended
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    about: str  # what happened, in a sentence or two
+    runs: list[Run]  # the earlier runs of the same config first, the scenario's run last
+    observe_s: float = 4.0  # how long the operator's monitor is connected
+    wait_after_s: float = 0.0  # after the last run is ready, before the monitor connects
+
+
+def _threads_in(s: Store, role: str, state: str, for_s: float) -> bool:
+    hb = s.heartbeat
+    if hb is None or hb.phase != "training":
+        return False
+    threads = hb.threads_of(role)
+    # Blocked since after training began: a wait from warm-up ends at the first step.
+    return bool(threads) and all(
+        t.state == state and hb.in_state_s(t) >= for_s and t.since >= hb.phase_started_at
+        for t in threads
+    )
+
+
+def _step(n: int) -> Ready:
+    return lambda s: s.heartbeat is not None and s.heartbeat.step >= n
+
+
+def _in_visit(key: str, for_s: float) -> Ready:
+    def ready(s: Store) -> bool:
+        hb = s.heartbeat
+        return hb is not None and hb.visit == key and hb.now - hb.phase_started_at >= for_s
+
+    return ready
+
+
+def _stalled(for_s: float) -> Ready:
+    def ready(s: Store) -> bool:
+        hb: Heartbeat | None = s.heartbeat
+        return hb is not None and hb.last_step_at is not None and hb.now - hb.last_step_at >= for_s
+
+    return ready
+
+
+HISTORY = Run(overrides=["train.max_steps=20"])
+SCENARIOS = [
+    Scenario(
+        "healthy_cpu",
+        "The CPU demo config training normally: 2 targets, 2 drafter replicas, 2 prefetch "
+        "threads, on 2 cores.",
+        [HISTORY, Run(until=_step(60))],
+    ),
+    Scenario(
+        "crashed_in_thread",
+        "An exception in a drafter thread at its 16th batch (DFLASH_FAULT=drafter:15): the "
+        "run stops, the traceback is in the heartbeat, exit code 1.",
+        [Run(fault="drafter:15")],
+    ),
+    Scenario(
+        "died_before_start",
+        "A bad override (train.lr=abc): the trainer exits 2 before its first heartbeat; "
+        "the run dir has only launch.json, launch.log, train.log and exit.json.",
+        [Run(overrides=["train.lr=abc"])],
+    ),
+    Scenario(
+        "killed_sigkill",
+        "The trainer SIGKILLs itself after step 30 (DFLASH_FAULT=sigkill:30), as the OOM "
+        "killer would: no handler runs; the monitor connects 8 s later.",
+        [Run(fault="sigkill:30")],
+        wait_after_s=8.0,
+    ),
+    Scenario(
+        "stalled_loop",
+        "Both drafter threads hang inside their forward at their 31st batch "
+        "(DFLASH_FAULT=hang:drafter:30): the heartbeat stays fresh, the steps stop; "
+        "recorded 125 s into the stall.",
+        [Run(fault="hang:drafter:30", until=_stalled(125.0))],
+    ),
+    Scenario(
+        "prefetch_bottleneck",
+        "Each batch takes 45 s longer to build (DFLASH_FAULT=slow:prefetch:45): q_pre empty, "
+        "the targets and drafters wait; recorded with every target blocked >= 32 s.",
+        [
+            Run(
+                fault="slow:prefetch:45",
+                until=lambda s: _threads_in(s, "target", WAIT_PRE_EMPTY, 32),
+            )
+        ],
+    ),
+    Scenario(
+        "targets_bottleneck",
+        "Each target forward takes 45 s longer (DFLASH_FAULT=slow:target:45): q_hs empty, the "
+        "drafters wait; recorded with every drafter blocked >= 32 s.",
+        [Run(fault="slow:target:45", until=lambda s: _threads_in(s, "drafter", WAIT_HS_EMPTY, 32))],
+    ),
+    Scenario(
+        "drafters_bottleneck",
+        "Each drafter step takes 90 s longer (DFLASH_FAULT=slow:drafter:90): q_hs and q_pre "
+        "back up, the targets wait; recorded with every target blocked >= 32 s.",
+        [Run(fault="slow:drafter:90", until=lambda s: _threads_in(s, "target", WAIT_HS_FULL, 32))],
+    ),
+    Scenario(
+        "nan_loss",
+        "The drafter loss turns NaN from step 40 on (DFLASH_FAULT=nan:40), as a diverged run's "
+        "does; recorded at step 70.",
+        [Run(fault="nan:40", until=_step(70))],
+    ),
+    Scenario(
+        "stalled_checkpoint",
+        "The checkpoint at step 20 takes 150 s longer (DFLASH_FAULT=stall_checkpoint:150, "
+        "checkpoint_every=20), as on a full or hung disk; recorded 125 s into it.",
+        [
+            Run(
+                fault="stall_checkpoint:150",
+                overrides=["train.checkpoint_every=20"],
+                until=_in_visit("checkpointing", 125.0),
+            )
+        ],
+    ),
+    Scenario(
+        "target_wait_as_usual",
+        "The target's weights take 80 s to load in every run (DFLASH_FAULT=slow:load_target:80), "
+        "longer than the drafters take to compile: the run waits for them "
+        "(loading_target, second visit). An earlier run of the same config waited as long. "
+        "Recorded 60 s into this run's wait: the old monitor's false alarm.",
+        [
+            Run(fault="slow:load_target:80", overrides=["train.max_steps=20"]),
+            Run(fault="slow:load_target:80", until=_in_visit(TARGET_WAIT, 60.0)),
+        ],
+    ),
+    Scenario(
+        "target_load_slower",
+        "An earlier run's weights loaded in ~4 s (DFLASH_FAULT=slow:load_target:3); this "
+        "run's take 90 s (slow:load_target:90). Recorded 70 s into its wait.",
+        [
+            Run(fault="slow:load_target:3", overrides=["train.max_steps=20"]),
+            Run(fault="slow:load_target:90", until=_in_visit(TARGET_WAIT, 70.0)),
+        ],
+    ),
+    Scenario(
+        "slow_compile",
+        "An earlier run compiled in well under a second (CPU); this one is 90 s slower "
+        "(DFLASH_FAULT=slow:compile:90), as with a cold or invalidated compile cache. "
+        "Recorded 65 s into compiling.",
+        [HISTORY, Run(fault="slow:compile:90", until=_in_visit("compiling", 65.0))],
+    ),
+]
+
+
+# -- recording -----------------------------------------------------------------------------
+class Monitor:
+    """A link and a store, as a view has them; `events` is what the sink got, as JSON."""
+
+    def __init__(self, target: Any, follow: str | None) -> None:
+        self.store = Store(target.name)
+        self.events: list[dict[str, Any]] = []
+        self.link = Link(target, self.sink, follow=follow)
+
+    def sink(self, event: SinkEvent) -> None:
+        self.events.append(event_json(event))
+        self.store.apply(event)
+
+    async def until(self, ready: Ready, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready(self.store):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+            await asyncio.sleep(0.1)
+
+
+def _ended(run_id: str) -> Ready:
+    def ready(s: Store) -> bool:
+        info = next((r for r in s.runs if r.run_id == run_id), None)
+        return info is not None and not info.alive and info.exit is not None
+
+    return ready
+
+
+async def connect(target: Any, fault: str = "") -> Monitor:
+    """A monitor whose agent (and so every trainer it launches) has DFLASH_FAULT=`fault`:
+    a local agent's environment is the one it was started with."""
+    os.environ["DFLASH_FAULT"] = fault
+    try:
+        m = Monitor(target, follow="latest")
+        m.link.start()
+        await m.link.wait_connected(60)
+    finally:
+        os.environ.pop("DFLASH_FAULT", None)
+    return m
+
+
+async def drive(target: Any, run: Run, name: str) -> bool:
+    """Launch one run and wait until it is ready; False when it died at start."""
+    driver = await connect(target, run.fault)
+    try:
+        try:
+            launched = await control.launch(driver.link, TINY, [*BASE, *run.overrides])
+        except LinkError as e:  # a run that dies at start is answered with an error
+            if "exited at start" not in str(e):
+                raise
+            return False
+        ready = run.until or _ended(launched.run_id)
+        await driver.until(ready, 400, f"{name}: run {launched.run_id}")
+        return True
+    finally:
+        await driver.link.close()
+
+
+async def record(sc: Scenario, workdir: Path) -> list[dict[str, Any]]:
+    target = resolve_target("local", remote_dir=str(workdir), python=sys.executable)
+    first = await connect(target)
+    await control.deploy(first.link)
+    await first.link.close()
+    for run in sc.runs:
+        if not await drive(target, run, sc.name):
+            break
+    await asyncio.sleep(sc.wait_after_s)
+    observer = await connect(target)
+    try:
+        await asyncio.sleep(sc.observe_s)
+        events = [e for e in observer.events if e["type"] not in ("link", "rtt", "unreadable")]
+        if observer.store.alive_run:
+            await control.kill(observer.link, timeout_s=10, drain_timeout_s=1)
+        return events
+    finally:
+        await observer.link.close()
+
+
+# -- the edits: times and identities --------------------------------------------------------
+class Normalise:
+    def __init__(self, events: list[dict[str, Any]], workdir: Path) -> None:
+        self.shift = NOW - max(float(e.get("t", 0.0)) for e in events)
+        self.pids: dict[int, int] = {}
+        self.text = [
+            (str(workdir), "/workspace/dflash"),
+            (sys.executable, "/usr/bin/python3"),
+            (socket.gethostname(), "cpu-box"),
+        ]
+
+    def pid(self, p: Any) -> Any:
+        if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
+            return p
+        return self.pids.setdefault(p, 4000 + len(self.pids))
+
+    def value(self, key: str, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: self.value(k, x) for k, x in v.items()}
+        if isinstance(v, list):
+            if key == "pids":
+                return [self.pid(p) for p in v]
+            return [self.value(key, x) for x in v]
+        if key in TIME_KEYS and isinstance(v, int | float) and not isinstance(v, bool) and v > 1e9:
+            return v + self.shift
+        if key in PID_KEYS:
+            return self.pid(v)
+        if isinstance(v, str):
+            return self.string(key, v)
+        return v
+
+    def string(self, key: str, s: str) -> str:
+        for old, new in self.text:
+            s = s.replace(old, new)
+        if key == "text" and s.startswith("{"):  # a metrics.jsonl or telemetry.jsonl line
+            try:
+                data = json.loads(s)
+            except ValueError:
+                return s
+            return json.dumps(self.value("", data), sort_keys=True)
+        if key in ("text", "message", "traceback", "error"):
+            s = re.sub(r"\bpid (\d+)", lambda m: f"pid {self.pid(int(m.group(1)))}", s)
+        return s
+
+    def event(self, e: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = self.value("", e)
+        return out
+
+
+def write(sc: Scenario, events: list[dict[str, Any]], workdir: Path) -> Path:
+    norm = Normalise(events, workdir)
+    faults = ", ".join(f"DFLASH_FAULT={r.fault}" for r in sc.runs if r.fault) or "no fault"
+    header = [
+        f"# {sc.name}: {sc.about}",
+        f"# Recorded {time.strftime('%Y-%m-%d')} by scripts/record-scenarios on a "
+        f"{os.cpu_count()}-core {platform.machine()} "
+        f"(Python {platform.python_version()}): trainer/configs/tiny-cpu.toml through "
+        f"dflash-tui deploy + launch, {len(sc.runs)} run(s), {faults}.",
+        "# Then a fresh monitor connected; below is every event the agent sent it in "
+        f"{sc.observe_s:.0f} s.",
+        "# Edits: times shifted by one constant (last event at 1800000000); pids "
+        "renumbered; host cpu-box; paths /workspace/dflash, /usr/bin/python3.",
+    ]
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{sc.name}.jsonl"
+    lines = [json.dumps(norm.event(e), sort_keys=True) for e in events]
+    path.write_text("\n".join(header + lines) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="scripts/record-scenarios", description=__doc__)
+    p.add_argument("names", nargs="*", help="scenarios to record (default: all)")
+    args = p.parse_args(argv)
+    chosen = [s for s in SCENARIOS if not args.names or s.name in args.names]
+    unknown = set(args.names) - {s.name for s in SCENARIOS}
+    if unknown:
+        print(f"record-scenarios: no scenario {sorted(unknown)}; known: "
+              f"{', '.join(s.name for s in SCENARIOS)}", file=sys.stderr)  # fmt: skip
+        return 2
+    for sc in chosen:
+        workdir = Path(tempfile.mkdtemp(prefix=f"dflash-{sc.name}-"))
+        t0 = time.monotonic()
+        try:
+            events = asyncio.run(record(sc, workdir))
+            path = write(sc, events, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(f"{sc.name}: {len(events)} events in {time.monotonic() - t0:.0f} s -> "
+              f"{path.relative_to(ROOT)}", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
