@@ -3,13 +3,12 @@ sleep until either happens."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from trainer.contract.heartbeat import MAX_HEARTBEAT_BYTES, parse_heartbeat
 from trainer.contract.protocol import TAIL_BYTES
-from trainer.contract.typed import Unreadable
+from trainer.contract.typed import Unreadable, parse_json, read_bounded
 
 READ_CHUNK = 1 << 20  # bytes read per file per poll: bounded work, bounded latency
 
@@ -111,17 +110,12 @@ class HeartbeatWatch:
             return None
         self.sig = sig
         name = os.path.basename(self.path)
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read(MAX_HEARTBEAT_BYTES + 1)
-        except OSError as e:
-            return ("error", str(Unreadable(name, e.strerror or str(e))))
-        if len(raw) > MAX_HEARTBEAT_BYTES:
-            return ("error", str(Unreadable(name, f"{len(raw)} bytes: too large")))
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            return ("error", str(Unreadable(name, f"not JSON ({str(e)[:200]})")))
+        raw = read_bounded(self.path, MAX_HEARTBEAT_BYTES)
+        if raw is None:
+            return None
+        data = raw if isinstance(raw, Unreadable) else parse_json(raw, name, MAX_HEARTBEAT_BYTES)
+        if isinstance(data, Unreadable):
+            return ("error", str(data))
         checked = parse_heartbeat(data, name)
         if isinstance(checked, Unreadable):
             return ("error", str(checked))

@@ -19,7 +19,7 @@ from typing import Any
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import tail_text
 from dflash_tui.agent.runs import RunRoot
-from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, describe_exit, record_exit
+from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
 from trainer.contract.records import (
     HEARTBEAT,
     LAUNCH_CONFIG,
@@ -131,7 +131,7 @@ def wait_started(run_id: str, run_dir: str, timeout: float) -> dict[str, Any]:
     while time.monotonic() < deadline:
         ended = read_exit(run_dir)
         if ended is not None:
-            how = describe_exit(ended) if isinstance(ended, ExitRecord) else str(ended)
+            how = ended.describe() if isinstance(ended, ExitRecord) else str(ended)
             launch_log = tail_text(os.path.join(run_dir, LAUNCH_LOG), 4000).rstrip()
             train_log = tail_text(os.path.join(run_dir, TRAIN_LOG), 8000).rstrip()
             raise CommandError(

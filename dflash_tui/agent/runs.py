@@ -331,11 +331,3 @@ class RunRoot:
                 continue
             return run_id, d
         raise RuntimeError(f"could not create a fresh run dir under {self.path}")
-
-
-def describe_exit(record: ExitRecord) -> str:
-    if record.error:
-        return record.error
-    if record.signal:
-        return f"killed by {record.signal}"
-    return f"exit code {record.exit_code}"

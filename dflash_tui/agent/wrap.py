@@ -57,14 +57,6 @@ def record_exit(
     return record
 
 
-def describe_exit(record: ExitRecord) -> str:
-    if record.error:
-        return record.error
-    if record.signal:
-        return f"killed by {record.signal}"
-    return f"exit code {record.exit_code}"
-
-
 def update_launch(run_dir: str, **fields: Any) -> None:
     """Add the started trainer's facts to launch.json. Keys this wrapper does not know stay:
     the agent that wrote the file may be newer than this deployed copy."""
@@ -132,5 +124,5 @@ def wrap(args: argparse.Namespace) -> int:
         _signal_name(-code) if code < 0 else None,
         started_at=started,
     )
-    print(f"{time.strftime('%H:%M:%S')} trainer exited: {describe_exit(record)}", flush=True)
+    print(f"{time.strftime('%H:%M:%S')} trainer exited: {record.describe()}", flush=True)
     return 0

@@ -182,7 +182,7 @@ def test_the_link_survives_bad_lines_and_a_sink_that_trips() -> None:
     ]
     unreadable = [str(e) for e in got if isinstance(e, Unreadable)]
     assert unreadable[0].startswith("event unreadable: not JSON")
-    assert unreadable[1] == "event unreadable: unknown type 'nope'"
+    assert unreadable[1] == "event unreadable: unknown event 'nope'"
     assert unreadable[2] == "follow event unreadable: follow.run_id: expected a string, got int"
     assert unreadable[3] == "Log unreadable: could not be applied: RuntimeError: a bug in a view"
     assert isinstance(got[0], Hello) and isinstance(got[1], LinkStatus)

@@ -16,7 +16,6 @@ Schema history (ARCHITECTURE.md, "Versioning"):
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from trainer.contract.phases import (
     current_visit,
     phase_spans,
 )
-from trainer.contract.typed import Invalid, Unreadable, decode, encode
+from trainer.contract.typed import Invalid, Unreadable, decode, encode, parse_json, read_bounded
 
 SCHEMA_VERSION = 2
 OLDEST_SCHEMA = 1  # the oldest heartbeat this reader understands
@@ -260,24 +259,15 @@ def parse_heartbeat(data: Any, what: str = "heartbeat.json") -> Heartbeat | Unre
 
 
 def parse_heartbeat_text(raw: bytes | str, what: str = "heartbeat.json") -> Heartbeat | Unreadable:
-    if len(raw) > MAX_HEARTBEAT_BYTES:
-        return Unreadable(what, f"{len(raw)} bytes: too large for a heartbeat")
-    if not raw:
-        return Unreadable(what, "empty")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return Unreadable(what, f"not JSON ({str(e)[:200]})")
-    return parse_heartbeat(data, what)
+    data = parse_json(raw, what, MAX_HEARTBEAT_BYTES)
+    return data if isinstance(data, Unreadable) else parse_heartbeat(data, what)
 
 
 def read_heartbeat(path: str | Path) -> Heartbeat | Unreadable | None:
     """The heartbeat in `path`; None when there is none (yet)."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_HEARTBEAT_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return Unreadable(Path(path).name, e.strerror or str(e))
-    return parse_heartbeat_text(raw, Path(path).name)
+    raw = read_bounded(path, MAX_HEARTBEAT_BYTES)
+    return (
+        raw
+        if raw is None or isinstance(raw, Unreadable)
+        else parse_heartbeat_text(raw, Path(path).name)
+    )

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from trainer.contract.comparable import RunSignature
 from trainer.contract.outcomes import Outcome
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
+T = TypeVar("T")
 PROTOCOL_VERSION = 2
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
@@ -207,18 +208,23 @@ EVENTS: dict[str, type[Event]] = {
 EVENT_NAMES: dict[type, str] = {cls: name for name, cls in EVENTS.items()}
 
 
+def _decode_tagged(data: Any, tag: str, table: dict[str, type[T]], what: str) -> T | Unreadable:
+    """`data` as the record its `tag` key names in `table`, or why it is not one."""
+    if not isinstance(data, dict):
+        return Unreadable(what, f"not a JSON object ({type(data).__name__})")
+    name = data.get(tag)
+    cls = table.get(name) if isinstance(name, str) else None
+    if cls is None:
+        return Unreadable(what, f"unknown {what} {str(name)[:40]!r}")
+    try:
+        return decode(cls, data, str(name))
+    except Invalid as e:
+        return Unreadable(f"{name} {what}", str(e))
+
+
 def decode_event(data: Any) -> Event | Unreadable:
     """An agent event from parsed JSON, or why it is not one."""
-    if not isinstance(data, dict):
-        return Unreadable("event", f"not a JSON object ({type(data).__name__})")
-    kind = data.get("type")
-    cls = EVENTS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        return Unreadable("event", f"unknown type {str(kind)[:40]!r}")
-    try:
-        return decode(cls, data, str(kind))
-    except Invalid as e:
-        return Unreadable(f"{kind} event", str(e))
+    return _decode_tagged(data, "type", EVENTS, "event")
 
 
 def decode_event_line(raw: bytes | str) -> Event | Unreadable:
@@ -354,13 +360,5 @@ QUICK_COMMANDS = ("ping", "follow", "list_runs", "read_file")
 
 
 def decode_command(data: Any) -> Command | Unreadable:
-    if not isinstance(data, dict):
-        return Unreadable("command", f"not a JSON object ({type(data).__name__})")
-    name = data.get("cmd")
-    cls = COMMANDS.get(name) if isinstance(name, str) else None
-    if cls is None:
-        return Unreadable("command", f"unknown command {str(name)[:40]!r}")
-    try:
-        return decode(cls, data, str(name))
-    except Invalid as e:
-        return Unreadable(f"{name} command", str(e))
+    """A command from parsed JSON, or why it is not one."""
+    return _decode_tagged(data, "cmd", COMMANDS, "command")

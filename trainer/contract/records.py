@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from trainer.contract.heartbeat import DeviceMemory
 from trainer.contract.steplines import StepLine, step_line
-from trainer.contract.typed import Invalid, Unreadable, decode, encode
+from trainer.contract.typed import Invalid, Unreadable, decode, encode, parse_json, read_bounded
 
 # File names of a run dir (RUN_ROOT/<run_id>/).
 CONFIG = "config.json"  # the resolved config, written first by the trainer
@@ -68,6 +68,14 @@ class ExitRecord:
     total_steps: int | None = None  # … of how many (schema 2)
     checkpoint: str | None = None  # the last checkpoint, relative to the run dir (schema 2)
 
+    def describe(self) -> str:
+        """How the process ended, in a few words (the run's outcome says more)."""
+        if self.error:
+            return self.error
+        if self.signal:
+            return f"killed by {self.signal}"
+        return f"exit code {self.exit_code}"
+
 
 @dataclasses.dataclass
 class MetricsRow:
@@ -106,12 +114,9 @@ class MetricsRow:
 
 
 def _load(raw: bytes | str, cls: type[R], what: str) -> R | Unreadable:
-    if len(raw) > MAX_RECORD_BYTES:
-        return Unreadable(what, f"{len(raw)} bytes: too large")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return Unreadable(what, f"not JSON ({str(e)[:200]})")
+    data = parse_json(raw, what, MAX_RECORD_BYTES)
+    if isinstance(data, Unreadable):
+        return data
     try:
         return decode(cls, data)
     except Invalid as e:
@@ -119,15 +124,8 @@ def _load(raw: bytes | str, cls: type[R], what: str) -> R | Unreadable:
 
 
 def _read(path: str | Path, cls: type[R]) -> R | Unreadable | None:
-    name = Path(path).name
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return Unreadable(name, e.strerror or str(e))
-    return _load(raw, cls, name)
+    raw = read_bounded(path, MAX_RECORD_BYTES)
+    return raw if raw is None or isinstance(raw, Unreadable) else _load(raw, cls, Path(path).name)
 
 
 def read_launch(run_dir: str | Path) -> LaunchRecord | Unreadable | None:
@@ -145,20 +143,12 @@ def parse_metrics_line(text: str) -> MetricsRow | Unreadable:
 def read_config(run_dir: str | Path) -> dict[str, Any] | Unreadable | None:
     """config.json as a dict of sections (its keys are the trainer's Config; `comparable`
     reads the ones it needs through `signature_of`)."""
-    path = Path(run_dir) / CONFIG
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_RECORD_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return Unreadable(CONFIG, e.strerror or str(e))
-    if len(raw) > MAX_RECORD_BYTES:
-        return Unreadable(CONFIG, f"{len(raw)} bytes: too large")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        return Unreadable(CONFIG, f"not JSON ({str(e)[:200]})")
+    raw = read_bounded(Path(run_dir) / CONFIG, MAX_RECORD_BYTES)
+    if raw is None or isinstance(raw, Unreadable):
+        return raw
+    data = parse_json(raw, CONFIG, MAX_RECORD_BYTES)
+    if isinstance(data, Unreadable):
+        return data
     if not isinstance(data, dict):
         return Unreadable(CONFIG, f"not a JSON object ({type(data).__name__})")
     return data

@@ -19,9 +19,11 @@ Standard library only, Python >= 3.10: the agent carries this module to the trai
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
@@ -162,6 +164,30 @@ def _decode_record(cls: type, value: Any, where: str, lenient: bool) -> Any:
                 raise
             kwargs[name] = default()
     return cls(**kwargs)
+
+
+def read_bounded(path: str | Path, limit: int) -> bytes | Unreadable | None:
+    """A file's bytes, or why not; None when it does not exist. Reads at most limit + 1 bytes:
+    a huge or endless file costs bounded memory, and `parse_json` names it too large."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return Unreadable(Path(path).name, e.strerror or str(e))
+
+
+def parse_json(raw: bytes | str, what: str, limit: int) -> Any:
+    """Parsed JSON, or an `Unreadable` (too large, empty, not JSON, nested too deep)."""
+    if len(raw) > limit:
+        return Unreadable(what, f"{len(raw)} bytes: too large (at most {limit})")
+    if not raw.strip():
+        return Unreadable(what, "empty")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return Unreadable(what, f"not JSON ({str(e)[:200]})")
 
 
 def encode(record: Any) -> Any:
