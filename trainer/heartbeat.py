@@ -142,12 +142,22 @@ class HeartbeatWriter(threading.Thread):
         super().__init__(name="heartbeat", daemon=True)
         self.path = run_dir / HEARTBEAT
         self.state, self.stop, self.interval_s = state, stop, interval_s
-        self.code_sha256, self.collect = code_sha256, collect
+        self.collect = collect
         self.telemetry = TelemetryWriter(run_dir / TELEMETRY)
         self.gil = GilProbeThread(state, stop)
         self.cpu = ThreadCpu()
-        self.pid, self.pgid, self.host = os.getpid(), os.getpgid(0), socket.gethostname()
-        self.proc_start = proc_start_ticks()
+        # What does not change for the life of the process; the run state adds the rest.
+        self.process = Heartbeat(
+            schema=SCHEMA_VERSION,
+            run_id=state.run_id,
+            pid=os.getpid(),
+            pgid=os.getpgid(0),
+            host=socket.gethostname(),
+            now=0.0,
+            phase=state.phase,
+            code_sha256=code_sha256,
+            proc_start=proc_start_ticks(),
+        )
         self._write_lock = threading.Lock()
         self._poke = threading.Event()
         state.on_phase = self._poke.set  # a phase change is written at once, not up to 2 s late
@@ -170,47 +180,16 @@ class HeartbeatWriter(threading.Thread):
                 print(f"heartbeat: write failed: {e}", flush=True)
 
     def build(self) -> Heartbeat:
-        snap = self.state.snapshot()
+        beat, idents = self.state.heartbeat(self.process)
         cpu = self.cpu.sample()
         natives = {t.ident: t.native_id for t in threading.enumerate()}
-        threads = []
-        for ident, info in snap.threads:
+        for ident, info in zip(idents, beat.threads, strict=True):
             native = natives.get(ident)
             info.cpu_pct = round(cpu.get(native, 0.0), 1) if native else 0.0
-            threads.append(info)
         live = self.collect()
-        return Heartbeat(
-            schema=SCHEMA_VERSION,
-            run_id=snap.run_id,
-            pid=self.pid,
-            pgid=self.pgid,
-            host=self.host,
-            now=time.time(),
-            started_at=snap.started_at,
-            phase=snap.phase,
-            phase_started_at=snap.phase_started_at,
-            phase_progress=snap.phase_progress,
-            phase_history=snap.phase_history,
-            step=snap.step,
-            total_steps=snap.total_steps,
-            last_step_at=snap.last_step_at,
-            tok_s=snap.tok_s,
-            tokens=snap.tokens,
-            epoch=snap.epoch,
-            queues=live.queues,
-            threads=threads,
-            memory=live.memory,
-            devices=live.devices,
-            compile=snap.compile,
-            code_sha256=self.code_sha256,
-            gil=self.gil.drain(),
-            wandb=snap.wandb,
-            error=snap.error,
-            exit_code=snap.exit_code,
-            target_load=snap.target_load,
-            last_checkpoint=snap.last_checkpoint,
-            proc_start=self.proc_start,
-        )
+        beat.queues, beat.memory, beat.devices = live.queues, live.memory, live.devices
+        beat.gil, beat.now = self.gil.drain(), time.time()
+        return beat
 
     def write(self, final: bool = False) -> Heartbeat:
         """Build and write one heartbeat (also called directly for the first and the final

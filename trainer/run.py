@@ -115,11 +115,6 @@ class Run:
             self._devices = ids
         return self._devices
 
-    def _roles(self) -> dict[int, str]:
-        return {
-            ident: f"{t.role}@{t.device} ({t.state})" for ident, t in self.state.snapshot().threads
-        }
-
     def _on_stop(self, signame: str) -> None:
         if not self.stop_request.is_set():
             self.log.line(f"{signame}: finishing the current step, then checkpoint and exit")
@@ -152,7 +147,7 @@ class Run:
     def execute(self, checkpoint: Path | None) -> int:
         self.state.register_thread("main", "cpu")
         self.state.thread_state("setting up")
-        SignalHandlers(self.run_dir, self._on_stop, self._roles, self._on_dump).install()
+        SignalHandlers(self.run_dir, self._on_stop, self.state.roles, self._on_dump).install()
         self.heartbeat.write()
         self.heartbeat.start()
         code = EXIT_CRASH

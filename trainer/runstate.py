@@ -1,7 +1,7 @@
 """What the run is doing right now, shared by the worker threads and the heartbeat thread.
 
 Workers write small facts (their state, the step, the phase); the heartbeat thread reads a
-consistent snapshot under the lock, as the contract's records (trainer/contract/heartbeat.py).
+consistent copy under the lock, as the contract's record (trainer/contract/heartbeat.py).
 Nothing here blocks for long or touches the GPU.
 """
 
@@ -19,6 +19,7 @@ from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
     ErrorInfo,
+    Heartbeat,
     PhaseProgress,
     Span,
     ThreadInfo,
@@ -30,31 +31,6 @@ from trainer.contract.phases import PHASES, STARTING, PhaseVisit
 # training <-> checkpointing thousands of times, and the heartbeat must stay small.
 HISTORY_HEAD = 16
 HISTORY_TAIL = 16
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """The run-state part of one heartbeat, copied under the lock."""
-
-    run_id: str
-    started_at: float
-    phase: str
-    phase_started_at: float
-    phase_progress: PhaseProgress | None
-    phase_history: list[PhaseVisit]
-    step: int
-    total_steps: int
-    last_step_at: float | None
-    tokens: int
-    epoch: float
-    tok_s: float
-    threads: list[tuple[int, ThreadInfo]]  # (threading ident, info)
-    error: ErrorInfo | None
-    wandb: WandbInfo
-    compile: CompileInfo
-    exit_code: int | None
-    target_load: Span | None
-    last_checkpoint: CheckpointInfo | None
 
 
 class RunState:
@@ -176,10 +152,14 @@ class RunState:
             return True
 
     # -- snapshot ----------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
+    def heartbeat(self, process: Heartbeat) -> tuple[Heartbeat, list[int]]:
+        """`process` (the fields that do not change: pid, host, code hash …) with this
+        state's fields copied in under the lock, and each thread's `threading` ident, in
+        the order of `threads` (the heartbeat thread maps them to CPU time)."""
         tok_s = self.tok_s()
         with self._lock:
-            return Snapshot(
+            beat = dataclasses.replace(
+                process,
                 run_id=self.run_id,
                 started_at=self.started_at,
                 phase=self.phase,
@@ -192,7 +172,7 @@ class RunState:
                 tokens=self.tokens,
                 epoch=self.epoch,
                 tok_s=tok_s,
-                threads=[(ident, copy.copy(i)) for ident, i in self._threads.items()],
+                threads=[copy.copy(i) for i in self._threads.values()],
                 error=self.error,
                 wandb=copy.copy(self.wandb),
                 compile=copy.deepcopy(self.compile),
@@ -200,3 +180,9 @@ class RunState:
                 target_load=copy.copy(self.target_load),
                 last_checkpoint=self.last_checkpoint,
             )
+            return beat, list(self._threads)
+
+    def roles(self) -> dict[int, str]:
+        """{threading ident: "role@device (state)"} for the named stack dump."""
+        with self._lock:
+            return {i: f"{t.role}@{t.device} ({t.state})" for i, t in self._threads.items()}
