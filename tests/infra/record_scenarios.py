@@ -106,7 +106,7 @@ def _stalled(for_s: float) -> Ready:
 HISTORY = Run(overrides=["train.max_steps=20"])
 SCENARIOS = [
     Scenario(
-        "healthy_cpu",
+        "healthy",
         "The CPU demo config training normally: 2 targets, 2 drafter replicas, 2 prefetch "
         "threads, on 2 cores.",
         [HISTORY, Run(until=_step(60))],
@@ -250,12 +250,12 @@ async def connect(target: Any, fault: str = "") -> Monitor:
     return m
 
 
-async def drive(target: Any, run: Run, name: str) -> bool:
+async def drive(target: Any, run: Run, name: str, config: Path) -> bool:
     """Launch one run and wait until it is ready; False when it died at start."""
     driver = await connect(target, run.fault)
     try:
         try:
-            launched = await control.launch(driver.link, TINY, [*BASE, *run.overrides])
+            launched = await control.launch(driver.link, config, [*BASE, *run.overrides])
         except LinkError as e:  # a run that dies at start is answered with an error
             if "exited at start" not in str(e):
                 raise
@@ -267,13 +267,13 @@ async def drive(target: Any, run: Run, name: str) -> bool:
         await driver.link.close()
 
 
-async def record(sc: Scenario, workdir: Path) -> list[dict[str, Any]]:
+async def record(sc: Scenario, workdir: Path, config: Path) -> list[dict[str, Any]]:
     target = resolve_target("local", remote_dir=str(workdir), python=sys.executable)
     first = await connect(target)
     await control.deploy(first.link)
     await first.link.close()
     for run in sc.runs:
-        if not await drive(target, run, sc.name):
+        if not await drive(target, run, sc.name, config):
             break
     await asyncio.sleep(sc.wait_after_s)
     observer = await connect(target)
@@ -336,22 +336,40 @@ class Normalise:
         return out
 
 
-def write(sc: Scenario, events: list[dict[str, Any]], workdir: Path) -> Path:
+def _gpu_names() -> str:
+    """ ", 1 NVIDIA H200" where NVML answers; "" on a machine without a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        names = {
+            str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(n)
+        }
+        return f", {n} {'/'.join(sorted(names))}" if n else ""
+    except Exception:
+        return ""
+
+
+def write(
+    sc: Scenario, events: list[dict[str, Any]], workdir: Path, config: Path, out: Path, name: str
+) -> Path:
     norm = Normalise(events, workdir)
     faults = ", ".join(f"DFLASH_FAULT={r.fault}" for r in sc.runs if r.fault) or "no fault"
     header = [
-        f"# {sc.name}: {sc.about}",
+        f"# {name}: {sc.about}",
         f"# Recorded {time.strftime('%Y-%m-%d')} by scripts/record-scenarios on a "
         f"{os.cpu_count()}-core {platform.machine()} "
-        f"(Python {platform.python_version()}): trainer/configs/tiny-cpu.toml through "
+        f"(Python {platform.python_version()}{_gpu_names()}): "
+        f"{config.resolve().relative_to(ROOT)} through "
         f"dflash-tui deploy + launch, {len(sc.runs)} run(s), {faults}.",
         "# Then a fresh monitor connected; below is every event the agent sent it in "
         f"{sc.observe_s:.0f} s.",
         "# Edits: times shifted by one constant (last event at 1800000000); pids "
         "renumbered; host cpu-box; paths /workspace/dflash, /usr/bin/python3.",
     ]
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{sc.name}.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.jsonl"
     lines = [json.dumps(norm.event(e), sort_keys=True) for e in events]
     path.write_text("\n".join(header + lines) + "\n")
     return path
@@ -360,6 +378,9 @@ def write(sc: Scenario, events: list[dict[str, Any]], workdir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/record-scenarios", description=__doc__)
     p.add_argument("names", nargs="*", help="scenarios to record (default: all)")
+    p.add_argument("--config", type=Path, default=TINY, help="trainer config (default tiny-cpu)")
+    p.add_argument("--out", type=Path, default=OUT, help=f"folder (default {OUT})")
+    p.add_argument("--suffix", default="", help="added to each file name, e.g. _h200")
     args = p.parse_args(argv)
     chosen = [s for s in SCENARIOS if not args.names or s.name in args.names]
     unknown = set(args.names) - {s.name for s in SCENARIOS}
@@ -371,12 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tempfile.mkdtemp(prefix=f"dflash-{sc.name}-"))
         t0 = time.monotonic()
         try:
-            events = asyncio.run(record(sc, workdir))
-            path = write(sc, events, workdir)
+            events = asyncio.run(record(sc, workdir, args.config))
+            name = sc.name + args.suffix
+            path = write(sc, events, workdir, args.config, args.out, name)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        print(f"{sc.name}: {len(events)} events in {time.monotonic() - t0:.0f} s -> "
-              f"{path.relative_to(ROOT)}", flush=True)  # fmt: skip
+        print(f"{name}: {len(events)} events in {time.monotonic() - t0:.0f} s -> {path}",
+              flush=True)  # fmt: skip
     return 0
 
 

@@ -206,7 +206,7 @@ def test_the_log_fixtures_are_the_seed_lines() -> None:
 def test_healthy_runs_have_no_findings() -> None:
     assert run("healthy_gpu.jsonl") == []
     assert run("healthy_gpu.jsonl", config=BASELINE) == []  # 21.4K vs 21.5K: within 10%
-    assert run("recorded/healthy_cpu.jsonl") == []  # the CPU demo, as measured on 2 cores
+    assert run("recorded/healthy.jsonl") == []  # the CPU demo, as measured on 2 cores
 
 
 def test_seed_step_lines_slow_against_the_baseline() -> None:
@@ -312,7 +312,7 @@ def test_wandb_info_from_the_heartbeat_or_the_log() -> None:
     assert from_log.heartbeat is not None and from_log.heartbeat.wandb is None
     assert wandb_info(from_log) == WandbInfo(id="nloj6lfc", url=url, mode="online")
     assert wandb_info(store(events("recorded/died_before_start.jsonl"))) is None
-    disabled = store(events("recorded/healthy_cpu.jsonl"))
+    disabled = store(events("recorded/healthy.jsonl"))
     assert wandb_info(disabled) == WandbInfo(id=None, url=None, mode="disabled")
 
 

@@ -275,20 +275,20 @@ def test_cpu_targets_bottleneck_from_thread_states() -> None:
     def drafters_waiting(s: float) -> list[Any]:
         return [thread(f"drafter-{r}", "waiting: q_hs empty", s) for r in (0, 1)]
 
-    f = only(run("recorded/healthy_cpu.jsonl", empty, *drafters_waiting(31)), "targets_bottleneck")
+    f = only(run("recorded/healthy.jsonl", empty, *drafters_waiting(31)), "targets_bottleneck")
     assert "drafter-0, drafter-1 waiting: q_hs empty for 31s+" in f.evidence
     assert "q_hs 0/8 0/8 (all 10 samples over 13s)" in f.evidence
-    assert run("recorded/healthy_cpu.jsonl", empty, *drafters_waiting(29)) == []
+    assert run("recorded/healthy.jsonl", empty, *drafters_waiting(29)) == []
     # round-robin: drafter-1 starves, drafter-0 waits for it at the replicas' barrier
     barrier = thread("drafter-0", "waiting for replicas", 40)
     starving = thread("drafter-1", "waiting: q_hs empty", 40)
     f = only(
-        run("recorded/healthy_cpu.jsonl", queues(q_hs=[0, 0]), barrier, starving),
+        run("recorded/healthy.jsonl", queues(q_hs=[0, 0]), barrier, starving),
         "targets_bottleneck",
     )
     assert "drafter-0 waiting for replicas, drafter-1 waiting: q_hs empty for 40s+" in f.evidence
     working = thread("drafter-0", "backward", 40)
-    assert run("recorded/healthy_cpu.jsonl", queues(q_hs=[0, 0]), working, starving) == []
+    assert run("recorded/healthy.jsonl", queues(q_hs=[0, 0]), working, starving) == []
 
 
 def test_cpu_drafters_bottleneck() -> None:
@@ -296,26 +296,26 @@ def test_cpu_drafters_bottleneck() -> None:
         return [thread(f"target-{t}", "waiting: q_hs full", s) for t in (0, 1)]
 
     # q_hs 4/8 is as full as it gets with 2 targets and 2 drafters (each fed by one target)
-    f = only(run("recorded/healthy_cpu.jsonl", *targets_blocked(45)), "drafters_bottleneck")
+    f = only(run("recorded/healthy.jsonl", *targets_blocked(45)), "drafters_bottleneck")
     assert "target-0, target-1 waiting: q_hs full for 45s+" in f.evidence
     assert "q_hs 4/8 4/8" in f.evidence
-    assert run("recorded/healthy_cpu.jsonl", *targets_blocked(29)) == []
-    assert run("recorded/healthy_cpu.jsonl", queues(q_hs=[4, 3]), *targets_blocked(45)) == []
+    assert run("recorded/healthy.jsonl", *targets_blocked(29)) == []
+    assert run("recorded/healthy.jsonl", queues(q_hs=[4, 3]), *targets_blocked(45)) == []
 
 
 def test_cpu_prefetch_bottleneck() -> None:
     starved = [thread(f"target-{t}", "waiting: q_pre empty", 40) for t in (0, 1)]
     f = only(
-        run("recorded/healthy_cpu.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck"
+        run("recorded/healthy.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck"
     )
     assert "q_pre 0/8 0/8" in f.evidence and "prefetch-0 'waiting: q_pre full'" in f.evidence
 
 
 def test_cpu_stuck_target() -> None:
-    f = only(run("recorded/healthy_cpu.jsonl", thread("target-1", "forward", 61)), "target_stuck")
+    f = only(run("recorded/healthy.jsonl", thread("target-1", "forward", 61)), "target_stuck")
     assert f.title == "target 1 idle with a full q_pre"
     assert "target-1 'forward' for 1m01s" in f.evidence
-    assert run("recorded/healthy_cpu.jsonl", thread("target-1", "forward", 59)) == []
+    assert run("recorded/healthy.jsonl", thread("target-1", "forward", 59)) == []
 
 
 # -- role memory --------------------------------------------------------------------------

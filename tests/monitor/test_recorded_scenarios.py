@@ -34,9 +34,9 @@ def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
         assert f"test_{name}" in globals(), name
 
 
-def test_healthy_cpu():
-    assert run(rec("healthy_cpu")) == []
-    s = store(events(rec("healthy_cpu")))
+def test_healthy():
+    assert run(rec("healthy")) == []
+    s = store(events(rec("healthy")))
     assert s.heartbeat is not None and s.heartbeat.phase == "training"
     assert s.outcome() is None and len(s.metrics) >= 5
 
