@@ -305,9 +305,7 @@ def test_cpu_drafters_bottleneck() -> None:
 
 def test_cpu_prefetch_bottleneck() -> None:
     starved = [thread(f"target-{t}", "waiting: q_pre empty", 40) for t in (0, 1)]
-    f = only(
-        run("recorded/healthy.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck"
-    )
+    f = only(run("recorded/healthy.jsonl", queues(q_pre=[0, 0]), *starved), "prefetch_bottleneck")
     assert "q_pre 0/8 0/8" in f.evidence and "prefetch-0 'waiting: q_pre full'" in f.evidence
 
 
