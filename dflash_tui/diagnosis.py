@@ -315,14 +315,13 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
     message = (err.message if err else "") or (ex.error if ex else "") or ""
     where = f" in {err.thread}" if err and err.thread else ""
     if ex is not None and ex.signal and not message:
-        # No exception: a signal ended it (the OOM killer, a kill -9). The outcome's word.
-        step = ex.step if ex.step is not None else hb.step if hb else None
-        at = f" at step {step}" if step is not None else ""
+        # No exception: a signal ended it (the OOM killer, a kill -9). The outcome's word;
+        # the step is the last heartbeat's (evidence), which may be a second behind.
         return [
             Finding(
                 "critical",
                 "killed",
-                f"run killed by {ex.signal}{at}",
+                f"run killed by {ex.signal}",
                 _no_error_evidence(s, ex),
                 "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
                 "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then "
@@ -369,10 +368,13 @@ def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
 
 @rule
 def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
-    """The run exited (not cleanly) before any step line: show the launcher's and the log's
-    last lines at once instead of leaving the operator to `ls` the run dir."""
+    """The run exited (not cleanly) before its first step: show the launcher's and the log's
+    last lines at once instead of leaving the operator to `ls` the run dir. The heartbeat's
+    step decides, not the step lines: a run logging every 50 steps that dies at step 15 has
+    none and did not die at start."""
     ex = s.exit_info()
-    if ex is None or s.step_lines:
+    hb = s.heartbeat
+    if ex is None or s.step_lines or (hb is not None and hb.step > 0):
         return []
     if ex.exit_code == 0 and not ex.error:
         return []
@@ -523,9 +525,11 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
 # -- rules: the pipeline --------------------------------------------------------------------
 @rule
 def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
-    """A target with a full q_pre that does not work: its GPU idle (or, without GPUs, its
-    thread in one busy state for minutes). It has input and room for output (unless it waits
-    on a full q_hs: then the drafters are slow, not it), so its thread is stuck."""
+    """A target with a full q_pre that does not work: its thread in one state all along while
+    its GPU sat idle over the same window (or, without GPUs, in one busy state for minutes).
+    It has input and room for output (unless it waits on a full q_hs: then the drafters are
+    slow, not it), so its thread is stuck. A small model keeps its GPU near idle while its
+    thread cycles through its states every few milliseconds: that is not stuck."""
     hb = _live(s, now, cfg, TRAINING)
     q = _queues(s, hb, now, cfg) if hb else None
     if hb is None or q is None:
@@ -548,6 +552,8 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         if gpu is not None:
             util = _util(s, gpu, now, cfg)
             if util is None or util > cfg.idle_util_pct:
+                continue
+            if th is not None and hb.in_state_s(th) < cfg.util_window_s:
                 continue
             stuck.append((i, f"{name} on GPU {gpu} at {util:.0f}%, {doing}"))
         elif th and not th.state.startswith("waiting") and hb.in_state_s(th) >= cfg.stuck_s:

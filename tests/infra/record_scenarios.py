@@ -107,8 +107,8 @@ HISTORY = Run(overrides=["train.max_steps=20"])
 SCENARIOS = [
     Scenario(
         "healthy",
-        "The CPU demo config training normally: 2 targets, 2 drafter replicas, 2 prefetch "
-        "threads, on 2 cores.",
+        "The demo config training normally: 2 target threads, 2 drafter replicas, 2 "
+        "prefetch threads, all on one device.",
         [HISTORY, Run(until=_step(60))],
     ),
     Scenario(
@@ -292,11 +292,10 @@ class Normalise:
     def __init__(self, events: list[dict[str, Any]], workdir: Path) -> None:
         self.shift = NOW - max(float(e.get("t", 0.0)) for e in events)
         self.pids: dict[int, int] = {}
-        self.text = [
-            (str(workdir), "/workspace/dflash"),
-            (sys.executable, "/usr/bin/python3"),
-            (socket.gethostname(), "cpu-box"),
-        ]
+        self.text = [(str(workdir), "/workspace/dflash"), (sys.executable, "/usr/bin/python3")]
+        # The host name as a whole word only: a host called "vm" must not turn nvml into
+        # "ncpu-boxl".
+        self.host = re.compile(rf"(?<![\w.-]){re.escape(socket.gethostname())}(?![\w.-])")
 
     def pid(self, p: Any) -> Any:
         if isinstance(p, bool) or not isinstance(p, int) or p <= 0:
@@ -321,6 +320,7 @@ class Normalise:
     def string(self, key: str, s: str) -> str:
         for old, new in self.text:
             s = s.replace(old, new)
+        s = self.host.sub("cpu-box", s)
         if key == "text" and s.startswith("{"):  # a metrics.jsonl or telemetry.jsonl line
             try:
                 data = json.loads(s)

@@ -27,7 +27,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 13
+    assert len(names) == 16
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -67,7 +67,8 @@ def test_died_before_start():
 def test_killed_sigkill():
     found = run(rec("killed_sigkill"))
     assert codes(found) == ["killed", "stale_heartbeat"]
-    assert found[0].title.startswith("run killed by SIGKILL at step ")
+    assert found[0].title == "run killed by SIGKILL"
+    assert found[0].evidence.startswith("no error recorded; last heartbeat: phase training, step ")
     assert "OOM killer" in found[0].action
     assert found[1].title == "process dead"
     assert found[1].action.startswith("the process is gone")  # no dump-stacks advice
@@ -170,6 +171,30 @@ def test_slow_compile():
     assert (f.code, f.title) == ("slow_phase", "compiling slower than usual")
     assert f.evidence.startswith("1m09s so far; 1s last time (run ")
     assert f.evidence.endswith("; 1/3 buckets")
+
+
+# -- the same scenarios on an H200 (bench/gpu_contract.sh): real NVML samples ----------------
+def test_healthy_h200():
+    """The tiny GPU config keeps the H200 at ~8 %: a busy target on an idle GPU is not stuck."""
+    assert run(rec("healthy_h200")) == []
+    s = store(events(rec("healthy_h200")))
+    assert s.gpu is not None and s.gpu.backend == "nvml"
+    (gpu,) = s.gpu.devices
+    assert gpu.name == "NVIDIA H200" and gpu.util is not None and gpu.util < 20
+    assert s.heartbeat is not None and s.heartbeat.devices["cuda:0"].uuid == gpu.uuid
+    assert s.gpu_roles() == {0: "drafter+target"}
+    assert any(p.mem_used > 0 for p in gpu.processes)
+
+
+def test_crashed_in_thread_h200():
+    # It died at step 15 with no step line yet (one every 50 steps): not "before its first step".
+    (f,) = run(rec("crashed_in_thread_h200"))
+    assert (f.code, f.title) == ("crashed", "run crashed in drafter-0 (exit code 1)")
+
+
+def test_killed_sigkill_h200():
+    # The driver freed the GPU memory of the killed process: nothing held.
+    assert codes(run(rec("killed_sigkill_h200"))) == ["killed", "stale_heartbeat"]
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in RECORDED.glob("*.jsonl")))
