@@ -7,7 +7,6 @@ the trainer, so the kernel releases it when the last of them exits, even on SIGK
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import tail_text
-from dflash_tui.agent.runs import RunRoot
+from dflash_tui.agent.runs import RunRoot, take_lock
 from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
 from trainer.contract.records import (
     HEARTBEAT,
@@ -55,11 +54,9 @@ def launch(
     os.makedirs(runs.path, exist_ok=True)
     lock_fd = os.open(runs.lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not take_lock(lock_fd, tries=25):
             alive = runs.active_run() or "?"
-            raise CommandError(f"run {alive} is alive under {runs.path}: kill it first") from None
+            raise CommandError(f"run {alive} is alive under {runs.path}: kill it first")
         run_id, run_dir = runs.new_run_dir(name)
         config_path = os.path.join(run_dir, LAUNCH_CONFIG)
         with open(config_path, "w") as f:

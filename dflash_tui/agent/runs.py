@@ -145,6 +145,21 @@ class _MetricsSummary:
             self.steps = step
 
 
+def take_lock(fd: int, tries: int, pause_s: float = 0.02) -> bool:
+    """flock `fd` exclusively, without blocking for long. A run holds the launch lock for
+    its whole life; every agent's liveness probe (this one's, another monitor's) holds it
+    for microseconds, once a second: a few tries tell the two apart, so a launch or a probe
+    never mistakes a probe for a run."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < tries:
+                time.sleep(pause_s)
+    return False
+
+
 class RunRoot:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -210,10 +225,8 @@ class RunRoot:
         except FileNotFoundError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return self.active_run() or "?"
-        else:
+            if not take_lock(fd, tries=3):
+                return self.active_run() or "?"
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         finally:

@@ -481,3 +481,41 @@ def test_the_wrapper_records_the_trainers_start_and_its_exit(tmp_path):
         "step": 51,
     }
     assert ended["total_steps"] == 400 and ended["checkpoint"] == "checkpoints/step-00000051.pt"
+
+
+def test_a_liveness_probe_is_not_taken_for_a_run(tmp_path):
+    """Every agent probes the launch lock once a second (flock for microseconds). A launch
+    that met a probe was refused with "run ? is alive" (seen in a clean-clone test run);
+    the lock is now tried a few times: a probe passes, a run does not."""
+    from dflash_tui.agent.runs import take_lock
+
+    lock = tmp_path / ".launch.lock"
+    lock.touch()
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+
+    def held_for(seconds: float) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            [sys.executable, "-c", hold, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        assert p.stdout is not None and p.stdout.readline() == "held\n"
+        return p
+
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        probe = held_for(0.1)  # a probe, slowed down to be caught
+        assert not take_lock(fd, tries=1)  # what a single try saw: "alive"
+        assert take_lock(fd, tries=25)  # the probe let go within the tries
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        probe.wait(5)
+        run = held_for(30)  # a run holds it for good
+        t0 = time.monotonic()
+        assert not take_lock(fd, tries=25)
+        assert time.monotonic() - t0 < 1.5
+        run.kill()
+        run.wait(5)
+    finally:
+        os.close(fd)
