@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
+
+# Generated inputs: a fixed seed and a few examples per class in CI, 10,000 on a developer's
+# run (HYPOTHESIS_PROFILE=dev): the figures in README's reliability section.
+settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True)
+settings.register_profile("dev", max_examples=10_000, print_blob=True)
+settings.register_profile("dev-short", max_examples=1_000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

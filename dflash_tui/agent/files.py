@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from trainer.contract.heartbeat import MAX_HEARTBEAT_BYTES, parse_heartbeat
-from trainer.contract.protocol import TAIL_BYTES
+from trainer.contract.protocol import MAX_TEXT_BYTES, TAIL_BYTES
 from trainer.contract.typed import Unreadable, parse_json, read_bounded
 
 READ_CHUNK = 1 << 20  # bytes read per file per poll: bounded work, bounded latency
@@ -31,12 +31,20 @@ class FileFollower:
     Survives the file not existing yet, truncation in place (size < offset: restart at the
     new end) and replacement (a new inode: rotation, restart at 0)."""
 
-    def __init__(self, path: str, offset: int | None = None, tail_bytes: int = TAIL_BYTES):
+    def __init__(
+        self,
+        path: str,
+        offset: int | None = None,
+        tail_bytes: int = TAIL_BYTES,
+        max_text: int = MAX_TEXT_BYTES,
+    ):
         self.path = path
         self.offset = offset  # next byte to read; None = decide at first sight
         self.tail_bytes = tail_bytes
+        self.max_text = max_text  # a longer line is cut here, marked, and its rest skipped
         self.inode: int | None = None
-        self.partial = b""
+        self.partial = b""  # the start of an unfinished line (at most max_text bytes of it)
+        self.skipped = 0  # bytes of the unfinished line dropped past max_text
 
     def poll(self) -> tuple[list[tuple[int, int, str]], dict[str, Any] | None]:
         """-> (lines [(offset, end, text)], notice {size, reason} or None)."""
@@ -47,34 +55,46 @@ class FileFollower:
         notice = None
         if self.inode is not None and st.st_ino != self.inode:
             notice = {"size": st.st_size, "reason": "replaced"}
-            self.offset, self.partial = 0, b""
-        elif self.offset is not None and st.st_size < self.offset + len(self.partial):
+            self.offset, self.partial, self.skipped = 0, b"", 0
+        elif self.offset is not None and st.st_size < self._read_to():
             notice = {"size": st.st_size, "reason": "truncated"}
-            self.offset, self.partial = st.st_size, b""
+            self.offset, self.partial, self.skipped = st.st_size, b"", 0
         self.inode = st.st_ino
         if self.offset is None:
             self.offset = 0
             if st.st_size > self.tail_bytes:
                 self.offset = self._line_start_after(st.st_size - self.tail_bytes)
-        start = self.offset + len(self.partial)
+        start = self._read_to()
         if st.st_size <= start:
             return [], notice
         with open(self.path, "rb") as f:
             f.seek(start)
             data = f.read(min(READ_CHUNK, st.st_size - start))
-        buf = self.partial + data
         lines = []
-        pos = 0
-        while True:
-            nl = buf.find(b"\n", pos)
+        pos = 0  # in `data`
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
+            piece = data[pos:] if nl < 0 else data[pos:nl]
+            room = self.max_text - len(self.partial)
+            self.partial += piece[:room]
+            self.skipped += max(0, len(piece) - room)
             if nl < 0:
                 break
-            text = buf[pos:nl].decode("utf-8", "replace")
-            lines.append((self.offset + pos, self.offset + nl + 1, text))
+            lines.append((self.offset, start + nl + 1, self._text()))
+            self.offset, self.partial, self.skipped = start + nl + 1, b"", 0
             pos = nl + 1
-        self.offset += pos
-        self.partial = buf[pos:]
         return lines, notice
+
+    def _read_to(self) -> int:
+        """The next byte to read: the line in progress is kept (in part) or skipped."""
+        return (self.offset or 0) + len(self.partial) + self.skipped
+
+    def _text(self) -> str:
+        text = self.partial.decode("utf-8", "replace")
+        if self.skipped:
+            total = len(self.partial) + self.skipped
+            text += f" … [line of {total:,} bytes cut at {len(self.partial):,}]"
+        return text
 
     def _line_start_after(self, pos: int) -> int:
         with open(self.path, "rb") as f:

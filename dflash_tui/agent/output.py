@@ -8,7 +8,7 @@ import threading
 import time
 from typing import BinaryIO
 
-from trainer.contract.protocol import Event
+from trainer.contract.protocol import MAX_LINE_BYTES, Event, Log, Result
 
 
 class Out:
@@ -27,6 +27,8 @@ class Out:
         # default=str: a command's result may carry a value JSON has no type for (a Path).
         line = json.dumps(event.to_json(), separators=(",", ":"), default=str) + "\n"
         data = line.encode()
+        if len(data) > MAX_LINE_BYTES:  # the monitor would refuse it: say so instead
+            data = self._too_large(event, len(data))
         with self._lock:
             if self.closed:
                 return
@@ -35,3 +37,13 @@ class Out:
                 self._stream.flush()
             except (BrokenPipeError, ValueError, OSError):
                 self.closed = True
+
+    @staticmethod
+    def _too_large(event: Event, size: int) -> bytes:
+        why = f"{event.type} event of {size:,} bytes is over the {MAX_LINE_BYTES:,}-byte limit"
+        small: Event = (
+            Result(t=event.t, id=event.id, ok=False, error=f"answer too large: {why}")
+            if isinstance(event, Result)
+            else Log(t=event.t, level="error", message=f"dropped: {why}")
+        )
+        return (json.dumps(small.to_json(), separators=(",", ":")) + "\n").encode()

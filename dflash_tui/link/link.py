@@ -153,6 +153,11 @@ class Link:
                     return
             except (OSError, EOFError, ConnectionError) as e:
                 reason = f"connection lost: {e or type(e).__name__}"
+            except Exception as e:  # anything else: the link restarts and says why
+                reason = f"link error: {type(e).__name__}: {str(e)[:200]}"
+                if self._agent is not None:  # a fresh agent, not a stream left mid-line
+                    with contextlib.suppress(Exception):
+                        await self._agent.aclose()
             finally:
                 self._connected.clear()
                 self._agent = None

@@ -105,6 +105,10 @@ class _LocalAgent:
 
 
 class LocalTransport:
+    # A deploy reply or a big stack dump is one long line; the agent never sends one over
+    # MAX_LINE_BYTES (trainer/contract/protocol.py).
+    READ_LIMIT = 1 << 26
+
     def __init__(self, target: Target, agent_extra: list[str] | None = None) -> None:
         self.target = target
         self.agent_extra = agent_extra or []
@@ -120,7 +124,7 @@ class LocalTransport:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                limit=1 << 26,  # a deploy reply or a big stack dump is one long line
+                limit=self.READ_LIMIT,
             )
         except OSError as e:
             raise ConnectError(f"could not start {argv[0]}: {e}") from None

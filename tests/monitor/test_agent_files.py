@@ -81,3 +81,26 @@ def test_a_torn_heartbeat_is_reported_and_the_last_good_kept(tmp_path):
     p.write_text(json.dumps({**good, "step": "three"}))  # JSON, but not a heartbeat
     assert w.poll() == ("error", "heartbeat.json unreadable: step: expected int, got str")
     assert w.last_good == good
+
+
+def test_a_huge_line_is_cut_and_marked_and_costs_bounded_memory(tmp_path):
+    """A 20 MB line (no newline for a while, then one) comes out as its first 64 KiB and a
+    marker; the follower never holds more than that of it; offsets stay exact."""
+    from dflash_tui.agent.files import FileFollower
+
+    path = tmp_path / "train.log"
+    path.write_bytes(b"first\n")
+    f = FileFollower(str(path), offset=0)
+    assert [t for _, _, t in f.poll()[0]] == ["first"]
+    with open(path, "ab") as out:
+        for _ in range(20):  # written in pieces, polled in between: no newline yet
+            out.write(b"z" * (1 << 20))
+            out.flush()
+            assert f.poll()[0] == [] and len(f.partial) <= 65536
+        out.write(b"\nnext\n")
+    lines = f.poll()[0]
+    while not any(t == "next" for _, _, t in lines):
+        lines += f.poll()[0]
+    (start, end, text), (n_start, _, n_text) = lines[-2], lines[-1]
+    assert text == "z" * 65536 + " … [line of 20,971,520 bytes cut at 65,536]"
+    assert (start, end) == (6, 6 + (20 << 20) + 1) and n_start == end and n_text == "next"

@@ -26,6 +26,7 @@ from trainer.contract.typed import Invalid, Unreadable, decode, encode
 T = TypeVar("T")
 PROTOCOL_VERSION = 2
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
+MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
 FOLLOWED_FILES = ("train.log", "metrics.jsonl", "launch.log", "telemetry.jsonl")
 
