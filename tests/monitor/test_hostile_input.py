@@ -259,6 +259,37 @@ def test_a_20_mb_line_and_control_bytes_cost_one_cut_line(rig: Rig) -> None:
     rig.alive()
 
 
+def test_the_tui_renders_everything_the_agent_sent(rig: Rig) -> None:
+    """Every event of the classes above, fed in order to the TUI (Pilot), every pane redrawn
+    every 50 events, and the runs screen opened on the last runs list: nothing raises."""
+    import asyncio
+
+    from monitor_helpers import typed_event
+
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.targets import Target
+
+    with rig.remote._lock:
+        events = list(rig.remote.events)
+
+    async def go() -> None:
+        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for i, e in enumerate(events):
+                app.feed(typed_event(e))
+                if i % 50 == 0:
+                    app.redraw(force=True)
+                    await pilot.pause()
+            app.redraw(force=True)
+            await pilot.press("l")
+            await pilot.pause(0.2)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            assert app.is_running
+
+    asyncio.run(go())
+
+
 def test_the_bad_inputs_were_counted_not_fatal(rig: Rig) -> None:
     """After every class above: the malformed rows and heartbeats were counted, the last
     good heartbeat kept, and the link never reconnected."""
