@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash_tui import sanitize
 from dflash_tui.targets import Target, TargetError, resolve_target
 from trainer.contract.protocol import Kill, Progress, RunInfo
 
@@ -130,12 +131,19 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     )
 
 
+# What the commands print quotes the host (run ids, paths, the agent's errors and notes): one
+# line goes out through `_out` or `_err`, its control characters made visible; a text the
+# host wrote (a stack dump) through `sanitize.lines`.
+def _out(text: str) -> None:
+    print(sanitize.field(text), flush=True)
+
+
 def _err(text: str) -> None:
-    print(f"dflash-tui: {text}", file=sys.stderr, flush=True)
+    print(f"dflash-tui: {sanitize.field(text)}", file=sys.stderr, flush=True)
 
 
 def _progress(event: Progress) -> None:
-    print(f"  … {event.message}", file=sys.stderr, flush=True)
+    print(f"  … {sanitize.field(event.message)}", file=sys.stderr, flush=True)
 
 
 Work = Callable[["Link", "Store"], Awaitable[int]]
@@ -165,7 +173,8 @@ def _fmt_runs(runs: list[RunInfo]) -> str:
     rows = ["RUN ID                                         STEPS  BEST TOK/S  OUTCOME"]
     for r in runs:
         best = "—" if r.best_tok_s is None else str(round(r.best_tok_s))
-        rows.append(f"{r.run_id[:45]:45s} {r.steps:>6} {best:>11}  {run_outcome(r).summary}")
+        run_id, outcome = sanitize.field(r.run_id), sanitize.field(run_outcome(r).summary)
+        rows.append(f"{run_id[:45]:45s} {r.steps:>6} {best:>11}  {outcome}")
     return "\n".join(rows)
 
 
@@ -176,10 +185,10 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
     async def work(link: Link, store: Store) -> int:
         if name == "deploy":
             d = await control.deploy(link, _progress)
-            print(f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}")
+            _out(f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}")
         elif name == "launch":
             run = await control.launch(link, args.config, args.overrides, _progress)
-            print(
+            _out(
                 f"launched {run.run_id} in {run.run_dir}"
                 + ("" if run.started else f" ({run.note})")
             )
@@ -192,7 +201,7 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 if k.drain_s is not None
                 else f"still held by pids {k.gpu_held_by}"
             )
-            print(
+            _out(
                 f"killed {k.run_id} with {k.signal} in {k.stop_s:.1f}s; GPU memory "
                 f"released: {drain}; orphans: {k.orphans or 'none'}"
             )
@@ -201,15 +210,15 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
             r = await control.restart(
                 link, args.run_id, args.timeout, args.drain_timeout, _progress
             )
-            print(f"restarted as {r.launched.run_id}")
+            _out(f"restarted as {r.launched.run_id}")
         elif name == "dump-stacks":
             st = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
-            print(st.text)
+            print(sanitize.lines(st.text))
             if st.pyspy:
-                print("# py-spy dump --native\n" + st.pyspy)
+                print("# py-spy dump --native\n" + sanitize.lines(st.pyspy))
         elif name == "clear-cache":
             c = await control.clear_cache(link)
-            print(
+            _out(
                 f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
                 if c.existed
                 else f"no compile cache at {c.path}"
@@ -267,12 +276,12 @@ async def _demo(args: argparse.Namespace) -> int:
 
     async def work(link: Link, store: Store) -> int:
         r = await control.deploy(link)
-        print(f"demo: deployed trainer {r['sha256'][:12]}", file=sys.stderr)
+        print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
         try:
             run = await control.launch(
                 link, TRAINER_DIR / "configs" / "tiny-cpu.toml", args.overrides, _progress
             )
-            print(f"demo: launched {run.run_id}", file=sys.stderr)
+            print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
         except Exception as e:
             if "is alive" not in str(e):
                 raise

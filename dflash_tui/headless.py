@@ -6,6 +6,10 @@ step line from train.log as it arrives. Colour only on a TTY, never with NO_COLO
     08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | q_pre 50/16/2 q_hs 60 | \
 T95▇ D45▁ | hb 0.4s | ! drafters idle
 
+Every string from the training host (step lines, phases, errors, findings that quote them)
+is printed with its control characters made visible (dflash_tui/sanitize.py); `--json` prints
+them exact (JSON escapes them).
+
 `--once`: one snapshot, then exit 0 healthy, 1 warning, 2 critical (crashed, hung, no
 heartbeat), 3 unreachable.
 
@@ -34,6 +38,7 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
+from dflash_tui import sanitize
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -77,10 +82,12 @@ def status_line(
     unicode: bool = True,
     width: int = WIDTH,
 ) -> str:
+    """One line, at most `width` columns, every string from the host made visible (the
+    link's detail quotes the host's errors; phases and findings quote the host's words)."""
     now = time.time() if now is None else now
     clock = time.strftime("%H:%M:%S", time.localtime(now))
     if s.link.state != "connected" and s.hello is None:
-        text = f"{clock} {s.link.state}: {s.link.detail}"
+        text = sanitize.field(f"{clock} {s.link.state}: {s.link.detail}")
         return text[:width]
     phase, in_phase = s.shown_phase()
     hb = s.heartbeat
@@ -106,13 +113,13 @@ def status_line(
     age = s.heartbeat_age(now)
     if age is not None:
         fields.append(f"hb {age:.1f}s")
-    line = " | ".join(fields)
+    text = sanitize.field(" | ".join(fields))
     if findings:
-        room = width - len(line) - 5
-        title = findings[0].title
+        room = width - len(text) - 5
+        title = sanitize.field(findings[0].title)
         if room >= 8:
-            line += " | ! " + (title if len(title) <= room else title[: room - 1] + "…")
-    return line[:width]
+            text += " | ! " + (title if len(title) <= room else title[: room - 1] + "…")
+    return text[:width]
 
 
 def exit_code_for(s: Store, findings: list[Finding]) -> int:
@@ -151,8 +158,14 @@ class Headless:
         self._stop = asyncio.Event()
 
     def write(self, text: str) -> None:
+        """One line as it is: JSON (which escapes every control character itself) or text
+        already made visible. Text that quotes the host goes through `say`."""
         self.out.write(text + "\n")
         self.out.flush()
+
+    def say(self, text: str) -> None:
+        """One line of text that may quote the host: its control characters made visible."""
+        self.write(sanitize.field(text))
 
     def on_event(self, event: SinkEvent) -> None:
         self.store.apply(event)
@@ -163,9 +176,9 @@ class Headless:
             return
         if isinstance(event, Line) and event.file == "train.log":
             if " step=" in event.text and event.run_id == self.store.run_id:
-                self.write(event.text)  # step lines pass straight through
+                self.write(sanitize.line(event.text))  # step lines pass through, made safe
         elif isinstance(event, LinkStatus) and event.state in ("reconnecting", "refused"):
-            self.write(
+            self.say(
                 f"link {event.state}: {event.detail}"
                 + (f" (retry in {event.retry_in}s)" if event.retry_in else "")
             )
@@ -215,7 +228,7 @@ class Headless:
                 self.write(self.snapshot_text(findings))
                 if not self.as_json:
                     for f in findings:
-                        self.write(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")
+                        self.say(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")
                 return exit_code_for(self.store, findings)
             while not self._stop.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
