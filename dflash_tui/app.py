@@ -19,16 +19,18 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import control, themes
+from dflash_tui import control, sanitize, themes
 from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
+from dflash_tui.widgets import safe
 from dflash_tui.widgets.alerts import AlertsPane
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
@@ -184,7 +186,27 @@ class DFlashApp(App[int]):
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")
         if log.pattern:
             title += f"  [filter: {log.pattern}]"
-        self.query_one("#log-title", Static).update(title)
+        self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast goes through here: many quote the host (an agent's error, a run id,
+        a progress note), so none is read as markup and its control characters are visible.
+        `markup` is accepted for Textual's signature and ignored."""
+        super().notify(
+            sanitize.field(message),
+            title=sanitize.field(title),
+            severity=severity,
+            timeout=timeout,
+            markup=False,
+        )
 
     # -- control ------------------------------------------------------------------------
     def _control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:

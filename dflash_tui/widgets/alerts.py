@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dflash_tui.diagnosis import Finding
+from dflash_tui.widgets import safe
 
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -22,9 +23,12 @@ class AlertsPane(Static):
             return
         parts = []
         for f in findings:
+            # Findings quote the host (thread names, errors, log lines): all through `safe`.
             parts.append(
-                Text.assemble((f"● {f.severity}: ", STYLE.get(f.severity, "")), (f.title, "bold"))
+                Text.assemble(
+                    (f"● {f.severity}: ", STYLE.get(f.severity, "")), safe.text(f.title, "bold")
+                )
             )
-            parts.append(Text(f"   {f.evidence}", style="dim"))
-            parts.append(Text(f"   → {f.action}", style="italic"))
+            parts.append(safe.text(f"   {f.evidence}", "dim"))
+            parts.append(safe.text(f"   → {f.action}", "italic"))
         self.update(Group(*parts))

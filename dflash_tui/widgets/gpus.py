@@ -14,6 +14,7 @@ from dflash_tui.diagnosis import DEFAULT_CONFIG
 from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
 from dflash_tui.state import Store
+from dflash_tui.widgets import safe
 
 ROLE_COLOUR = {"target": "cyan", "drafter": "magenta", "prefetch": "yellow"}
 
@@ -37,11 +38,13 @@ class GpuPane(Static):
             return
         if gpu.state == "no_gpu":
             self.update(
-                Text.assemble(("no NVIDIA GPU", "bold"), " on this host — ", (gpu.reason, "dim"))
+                Text.assemble(
+                    ("no NVIDIA GPU", "bold"), " on this host — ", safe.text(gpu.reason, "dim")
+                )
             )
             return
         if gpu.state == "error":
-            self.update(Text(f"GPU sampling failed: {gpu.reason}", style="bold red"))
+            self.update(safe.text(f"GPU sampling failed: {gpu.reason}", "bold red"))
             return
         roles = s.gpu_roles()
         table = Table.grid(padding=(0, 1), expand=True)
@@ -75,7 +78,7 @@ class GpuPane(Static):
             util = d.util
             table.add_row(
                 str(i),
-                Text(role or "—", style=colour),
+                safe.text(role or "—", colour),  # the heartbeat's thread roles
                 mem,
                 Text(
                     f"{util}%" if util is not None else "?",

@@ -8,6 +8,7 @@ from textual.widgets import Static
 
 from dflash_tui.fmt import duration
 from dflash_tui.state import Store
+from dflash_tui.widgets import safe
 
 
 class StatusBar(Static):
@@ -18,7 +19,7 @@ class StatusBar(Static):
     def update_from(self, s: Store) -> None:
         t = Text()
         t.append(" dflash-tui ", style="bold reverse")
-        t.append(f"  {s.target}  ", style="bold")
+        t.append(safe.text(f"  {s.target}  ", "bold"))
         link = s.link.state
         colour = {
             "connected": "green",
@@ -32,7 +33,7 @@ class StatusBar(Static):
         if link == "reconnecting" and s.link.retry_in:
             t.append(f" (retry in {s.link.retry_in:.1f}s)", style="yellow")
         t.append("   run ")
-        t.append(s.run_id or "—", style="bold")
+        t.append(safe.text(s.run_id or "—", "bold"))
         phase, age = s.shown_phase()
         if phase:
             style = {
@@ -43,7 +44,7 @@ class StatusBar(Static):
                 "finished": "cyan",
             }.get(phase, "bold yellow")
             t.append("   ")
-            t.append(f" {phase} ", style=f"reverse {style}")
+            t.append(safe.text(f" {phase} ", f"reverse {style}"))  # a newer trainer's phase
             if age is not None:
                 t.append(f" {duration(age)}")
         if s.malformed:

@@ -10,6 +10,7 @@ from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
+from dflash_tui.widgets import safe
 
 
 class HeartbeatPane(Static):
@@ -27,32 +28,32 @@ class HeartbeatPane(Static):
             if s.run_id is None:
                 t.add_row("run", "no run under the run root yet")
             elif outcome is not None:
-                t.add_row("exited", Text(outcome.summary, style="red"))
+                t.add_row("exited", safe.text(outcome.summary, "red"))
             else:
                 t.add_row("heartbeat", Text("none yet", style="yellow"))
             if s.heartbeat_error:
-                t.add_row("unreadable", Text(s.heartbeat_error, style="red"))
+                t.add_row("unreadable", safe.text(s.heartbeat_error, "red"))
             self.update(t)
             return
         note = s.heartbeat_note()
         if note:
-            t.add_row("schema", Text(note, style="bold yellow"))
+            t.add_row("schema", safe.text(note, "bold yellow"))
         phase, age = s.phase()
         progress = hb.phase_progress
-        what = Text(f"{phase} for {duration(age)}", style="bold")
+        what = safe.text(f"{phase} for {duration(age)}", "bold")
         if progress is not None and progress.total:
-            what.append(f"  ({progress.unit} {progress.done}/{progress.total})")
+            what.append(safe.text(f"  ({progress.unit} {progress.done}/{progress.total})"))
         t.add_row("phase", what)
         expectation = phase_expectation(s)
         if expectation:
-            t.add_row("", Text(expectation, style="dim italic"))
+            t.add_row("", safe.text(expectation, "dim italic"))
         hb_age = s.heartbeat_age()
         t.add_row(
             "heartbeat",
             Text(f"{duration(hb_age)} ago", style="red" if (hb_age or 0) > 6 else "green"),
         )
         if s.heartbeat_error:
-            t.add_row("unreadable", Text(s.heartbeat_error, style="red"))
+            t.add_row("unreadable", safe.text(s.heartbeat_error, "red"))
         since = s.remote_now() - hb.last_step_at if hb.last_step_at is not None else None
         t.add_row(
             "last step",
@@ -61,23 +62,23 @@ class HeartbeatPane(Static):
             else f"step {hb.step} · none yet",
         )
         t.add_row("throughput", rate(hb.tok_s))
-        t.add_row("pid", f"{hb.pid} (pgid {hb.pgid}) on {hb.host}")
+        t.add_row("pid", safe.text(f"{hb.pid} (pgid {hb.pgid}) on {hb.host}"))
         deployed = s.hello.deployed.sha256 if s.hello and s.hello.deployed else ""
         running = hb.code_sha256
         if deployed and running:
             same = deployed == running
             t.add_row(
                 "code",
-                Text(
+                safe.text(
                     f"running = deployed ({running[:10]})"
                     if same
                     else f"running {running[:10]} ≠ deployed {deployed[:10]}",
-                    style="green" if same else "bold red",
+                    "green" if same else "bold red",
                 ),
             )
         info = wandb_info(s)
         if info and info.mode not in ("", "disabled"):
-            t.add_row("wandb", f"{info.mode} {info.id or ''} {info.url or ''}")
+            t.add_row("wandb", safe.text(f"{info.mode} {info.id or ''} {info.url or ''}"))
         comp = hb.compile
         if comp.warmup_s is not None:
             line = (
@@ -91,5 +92,5 @@ class HeartbeatPane(Static):
         if hb.gil.samples:
             t.add_row("GIL", f"wake-up late p50 {hb.gil.p50_ms:.1f}ms p99 {hb.gil.p99_ms:.1f}ms")
         if hb.error is not None:
-            t.add_row("error", Text(hb.error.message, style="bold red"))
+            t.add_row("error", safe.text(hb.error.message, "bold red"))
         self.update(t)

@@ -10,6 +10,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
 from dflash_tui.facts import run_outcome
+from dflash_tui.widgets import safe
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
 
@@ -37,7 +38,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(safe.text(self.question))  # it names runs by their ids
             yield Static(Text("\ny = yes    n / esc = no", style="dim"))
 
     def action_answer(self, yes: bool) -> None:
@@ -45,7 +46,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class TextScreen(Screen[None]):
-    """A full screen of text (a stack dump), scrollable; escape or q goes back."""
+    """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable;
+    escape or q goes back."""
 
     BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
     DEFAULT_CSS = """
@@ -58,9 +60,9 @@ class TextScreen(Screen[None]):
         self.title_text, self.body = title, text
 
     def compose(self) -> ComposeResult:
-        yield Static(self.title_text, id="title")
+        yield Static(safe.text(self.title_text), id="title")
         with VerticalScroll():
-            yield Static(Text(self.body), id="body")
+            yield Static(safe.log_text(self.body), id="body")
         yield Footer()
 
 
@@ -140,15 +142,15 @@ class RunsScreen(ModalScreen[str | None]):
         table.add_columns("run id", "outcome", "phase", "steps", "best tok/s", "error")
         for r in reversed(self.runs):
             outcome = run_outcome(r)
-            ended = Text(outcome.summary[:60], style=OUTCOME_STYLE.get(outcome.kind, "dim"))
+            ended = safe.text(outcome.summary[:60], OUTCOME_STYLE.get(outcome.kind, "dim"))
             best = r.best_tok_s
-            table.add_row(
-                r.run_id,
+            table.add_row(  # a str cell would be read as markup: the host's strings as Text
+                safe.text(r.run_id),
                 ended,
-                r.phase or "—",
+                safe.text(r.phase or "—"),
                 str(r.steps),
                 f"{best:,.0f}" if best else "—",
-                (r.error or "")[:50],
+                safe.text((r.error or "")[:50]),
                 key=r.run_id,
             )
         if self.current:

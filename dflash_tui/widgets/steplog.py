@@ -9,13 +9,17 @@ from rich.text import Text
 from textual.widgets import RichLog
 
 from dflash_tui.state import Store
+from dflash_tui.widgets import safe
 
 _FIELD = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|q_pre|q_hs|epoch|ETA)([=~])")
 _TOKS = re.compile(r"\(([\d.]+[KM]?tok/s)\)")
 
 
-def highlight(line: str) -> Text:
-    t = Text(line)
+def highlight(raw: str) -> Text:
+    """One train.log line as shown: its control characters visible (never markup), the
+    fields highlighted in what is shown."""
+    t = safe.log_line(raw)
+    line = t.plain
     if line.startswith("error") or "Traceback" in line or "Error" in line:
         t.stylize("bold red")
         return t
