@@ -18,7 +18,12 @@ from trainer.packing import (
     plan_packs,
 )
 from trainer.step import BlockBatch, LossSettings, drafter_loss
-from trainer.target import default_target_layer_ids, load_target, load_tokenizer
+from trainer.target import (
+    default_target_layer_ids,
+    load_target,
+    load_tokenizer,
+    read_target_info,
+)
 
 BS = 8
 
@@ -83,11 +88,16 @@ def test_anchors_need_their_next_token_in_the_same_document() -> None:
 
 
 # -- a pack trains exactly as its documents one at a time ---------------------------------
-@pytest.fixture(scope="module")
-def tiny(tiny_target_dir):
-    tok, mask_id = load_tokenizer(tiny_target_dir, "<|MASK|>")
-    layer_ids = default_target_layer_ids(8, 2)
-    target = load_target(tiny_target_dir, layer_ids, torch.float32, torch.device("cpu"))
+@pytest.fixture(scope="module", params=["qwen3", "qwen3.5-hybrid"])
+def tiny(request):
+    """Both target families: Qwen3 (full attention) and the Qwen3.5 hybrid (Gated DeltaNet
+    layers carry state along the row: the packed forward must cut it at each document)."""
+    name = "tiny_target_dir" if request.param == "qwen3" else "tiny_hybrid_target_dir"
+    target_dir = request.getfixturevalue(name)
+    tok, mask_id = load_tokenizer(target_dir, "<|MASK|>")
+    info = read_target_info(target_dir)
+    layer_ids = default_target_layer_ids(info.num_layers, 2)
+    target = load_target(target_dir, layer_ids, torch.float32, torch.device("cpu"))
     i = target.info
     arch = DrafterArch(
         hidden_size=i.hidden_size,
@@ -162,15 +172,12 @@ def test_a_pack_trains_as_its_documents_one_at_a_time(tiny, dataset):
     anchors, keep = sample_anchors(batch.loss_mask, batch.lengths, 24, g, batch.doc_ids)
     assert keep.sum() >= 12
     assert batch.position_ids is not None and batch.doc_ids is not None
-    # The packed row's features: each document run alone, laid side by side (what an exact
-    # packed target forward returns; the target's own packing is tested with the target).
-    feats = torch.zeros(1, bucket, target.features(batch.input_ids[:, :1]).shape[-1])
+    # The whole chain as the pipeline runs it: the target's packed forward, then the drafter.
+    feats = target.features(batch.input_ids, batch.position_ids)
     starts, at = [], 0
     for s in docs:
-        n = len(s.input_ids)
-        feats[0, at : at + n] = target.features(torch.tensor([s.input_ids]))[0]
         starts.append(at)
-        at += n
+        at += len(s.input_ids)
     packed = BlockBatch(batch=batch, anchors=anchors, keep=keep, epoch=0)
     by_doc: list[list[int]] = [[] for _ in docs]
     for a in anchors[keep].tolist():
