@@ -1,0 +1,29 @@
+"""The run's phase in a `dflash-tui status --json` output (its last snapshot line), or '?'.
+
+    python3 bench/snapshot_phase.py STATUS.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(path: str) -> str:
+    phase = "?"
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError:
+        return phase
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("kind") == "snapshot":
+            phase = str((obj.get("state") or {}).get("phase") or "?")
+    return phase
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1]))
