@@ -9,28 +9,31 @@ would for that document alone:
 - Gated DeltaNet (the Qwen3.5/3.6 linear-attention layers): its causal conv and its recurrent
   state run along the whole row, and HF resets neither at a boundary unless it is given the
   boundaries. With flash-linear-attention and causal-conv1d installed (CUDA), HF's own layer
-  takes them: the row is flattened to one sequence and `cu_seqlens` (fla's
+  takes them: the batch is flattened to one sequence, and `cu_seqlens` (fla's
   `chunk_gated_delta_rule`) and `seq_idx` (`causal_conv1d_fn`) keep documents apart. HF's
   torch fallback takes no boundaries (it refuses them), so there the documents are cut out
-  and run side by side as a right-padded batch through the same HF layer: each one then is
-  literally a document alone (right padding never reaches an earlier token: both the conv
-  and the recurrence are causal).
+  and run through the same HF layer as right-padded batches of similar lengths: each one is
+  then literally a document alone (right padding never reaches an earlier token: both the
+  conv and the recurrence are causal).
 
 Why split, not a reset inside the torch chunked rule: a reset is exact only by masking the
-within-chunk decays and the state read/write per token, which is a rewrite of HF's reference
+within-chunk decays and the state's read and write per token, a rewrite of HF's reference
 kernel kept in step by hand; a -inf decay at each start breaks the chunked algorithm (the
-cumulative log-decay turns into inf - inf, or a huge finite value that loses fp32 precision).
-The split reuses HF's code unchanged. Measured on 2 CPU cores (fp32, hidden 1024, 16 value
-heads of 64, one GDN layer, bench in tests/trainer/test_target_packing.py's docstring):
-the split's cost is the padding to the longest document of the batch plus one gather and
-one scatter, and it ran at about the speed of the unpacked row; a per-document loop ran
-slower (one small call per document). This path is the CPU/test path; a GPU run should have
-the kernels, which take the boundaries directly.
+cumulative log-decay turns into inf - inf, or with a huge finite value loses fp32
+precision for the rest of the chunk). The split reuses HF's code unchanged.
+`bench/gdn_packing_cpu.py` measured it on this 2-core machine (shared, so +-20%): one GDN
+layer, hidden 1024, two rows of 1024 tokens, fp32, one thread. The row run whole without
+boundaries took 1.8-2.2 s; grouped per-document batches 1.9-2.2 s (8 even documents, 9
+skewed ones from 50 to 824 tokens, 48 short ones); one call per document 1.5-2.7 s (slowest
+with many short documents). One padded batch of all documents, before grouping, took 3.6 s
+on the skewed rows (9 documents padded to 824). This is the CPU/test path: a GPU run should
+have the kernels, which take the boundaries directly.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +48,6 @@ class DocBounds:
     doc: Tensor  # int64 [B*S]: each token's document, numbered over the flattened batch
     offset: Tensor  # int64 [B*S]: each token's index inside its document
     lengths: Tensor  # int64 [N]: each document's length
-    max_len: int  # the longest document (one host sync, to size the split batch)
     row_doc: Tensor  # int64 [B, S]: `doc` per row, for the attention mask
 
     @classmethod
@@ -65,7 +67,6 @@ class DocBounds:
             doc=doc,
             offset=offset,
             lengths=lengths,
-            max_len=int(lengths.max()),
             row_doc=doc.view(position_ids.shape),
         )
 
@@ -85,16 +86,38 @@ class DocBounds:
         zero = self.lengths.new_zeros(1)
         return torch.cat([zero, torch.cumsum(self.lengths, 0)])
 
-    def split(self, x: Tensor) -> Tensor:
-        """[B, S, H] -> [N, max_len, H]: each document alone, right-padded with zeros."""
-        flat = x.reshape(-1, x.shape[-1])
-        out = flat.new_zeros(self.num_docs, self.max_len, x.shape[-1])
-        out[self.doc, self.offset] = flat
+    def groups(self, waste: float = 1.25) -> list[list[int]]:
+        """The documents in groups of similar length, longest first: a group, right-padded
+        to its longest, holds at most `waste` times its own tokens (one host sync)."""
+        lengths = self.lengths.tolist()
+        out: list[list[int]] = []
+        group: list[int] = []
+        tokens = 0
+        for d in sorted(range(len(lengths)), key=lambda d: -lengths[d]):
+            if group and (len(group) + 1) * lengths[group[0]] > waste * (tokens + lengths[d]):
+                out.append(group)
+                group, tokens = [], 0
+            group.append(d)
+            tokens += lengths[d]
+        out.append(group)
         return out
 
-    def join(self, docs: Tensor, shape: torch.Size) -> Tensor:
-        """The inverse of `split`: [N, max_len, H] -> `shape` ([B, S, H])."""
-        return docs[self.doc, self.offset].view(shape)
+    def per_document(self, fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """fn applied to each document of x ([B, S, H]) alone: the documents of a group go
+        through fn side by side as one right-padded batch; the outputs go back in place."""
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.empty_like(flat)
+        starts = self.cu_seqlens()[:-1]
+        for group in self.groups():
+            docs = torch.tensor(group, device=x.device)
+            longest = int(self.lengths[group[0]])
+            step = torch.arange(longest, device=x.device)
+            index = starts[docs, None] + step  # [n, longest]
+            valid = step < self.lengths[docs, None]
+            index = torch.where(valid, index, 0)
+            batch = flat[index] * valid[..., None]  # zeros after each document's end
+            out[index[valid]] = fn(batch)[valid]
+        return out.view(x.shape)
 
 
 @functools.cache
@@ -117,7 +140,7 @@ def gated_deltanet_packed(module: Any, x: Tensor, bounds: DocBounds) -> Tensor:
         seq_idx = bounds.doc.to(torch.int32)[None]
         out = module(flat, cu_seq_lens_q=bounds.cu_seqlens(), seq_idx=seq_idx)
         return out.view(x.shape)
-    return bounds.join(module(bounds.split(x)), x.shape)
+    return bounds.per_document(module, x)
 
 
 def hybrid_layer_packed(layer: Any, hidden: Tensor, bounds: DocBounds) -> Tensor:

@@ -81,7 +81,7 @@ def _hf_hidden_states(folder, ids):
 def test_hybrid_target_gives_the_full_models_hidden_states(form, request):
     folder = request.getfixturevalue(form)
     # 150 tokens: more than two of the Gated DeltaNet's 64-token chunks.
-    ids = torch.randint(4, 300, (2, 150), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(4, 300, (1, 150), generator=torch.Generator().manual_seed(0))
     hs = _hf_hidden_states(folder, ids)
     L = len(hs) - 1
     assert L == 8
@@ -142,3 +142,31 @@ def test_non_default_rope_is_refused(tmp_path):
     tiny_qwen35_text_config(256, rope_parameters=rope).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"rope type 'linear' is not supported"):
         read_target_info(tmp_path)
+
+
+def test_qwen36_bench_builder_writes_only_the_layers_read(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "make_bench_target_qwen36.py"
+    spec = importlib.util.spec_from_file_location("make_bench_target_qwen36", script)
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    builder.main(tmp_path, tiny=True)
+
+    info = read_target_info(tmp_path)
+    assert info.num_layers == 8 and len(info.layer_types) == 8
+    assert info.layer_types[3] == info.layer_types[7] == "full_attention"
+    assert not info.tied_embeddings and info.rope_theta == 1e7
+    layer_ids = default_target_layer_ids(8, 5)
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        keys = list(f.keys())
+    stored = {int(k.split(".")[3]) for k in keys if k.startswith("model.language_model.layers.")}
+    assert stored == set(range(max(layer_ids) + 1))
+    assert any(k.startswith("model.visual.") for k in keys)  # the wrapper form, as real
+    t = load_target(tmp_path, layer_ids, torch.float32, torch.device("cpu"))
+    feats = t.features(torch.randint(4, 200, (1, 20)))
+    assert feats.shape == (1, 20, 5 * 128) and torch.isfinite(feats).all()
