@@ -1,6 +1,6 @@
 """The run's phase in a `dflash-tui status --json` output (its last snapshot line), or '?'.
 
-    python3 bench/snapshot_phase.py STATUS.json
+python3 bench/snapshot_phase.py STATUS.json
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 def main(path: str) -> str:
     phase = "?"
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except OSError:
         return phase
     for line in lines:

@@ -8,9 +8,9 @@ would for that document alone:
   and RoPE reads the restarting positions;
 - Gated DeltaNet (the Qwen3.5/3.6 linear-attention layers): its causal conv and its recurrent
   state run along the whole row, and HF resets neither at a boundary unless it is given the
-  boundaries. With flash-linear-attention and causal-conv1d installed (CUDA), HF's own layer
-  takes them: the batch is flattened to one sequence, and `cu_seqlens` (fla's
-  `chunk_gated_delta_rule`) and `seq_idx` (`causal_conv1d_fn`) keep documents apart. HF's
+  boundaries. With flash-linear-attention installed (CUDA), `gated_deltanet_fla` runs HF's
+  layer's arithmetic on the batch flattened to one sequence, and fla's `causal_conv1d` and
+  `chunk_gated_delta_rule`, given `cu_seqlens`, keep documents apart. HF's
   torch fallback takes no boundaries (it refuses them), so there the documents are cut out
   and run through the same HF layer as right-padded batches of similar lengths: each one is
   then literally a document alone (right padding never reaches an earlier token: both the
@@ -27,7 +27,8 @@ boundaries took 1.8-2.2 s; grouped per-document batches 1.9-2.2 s (8 even docume
 skewed ones from 50 to 824 tokens, 48 short ones); one call per document 1.5-2.7 s (slowest
 with many short documents). One padded batch of all documents, before grouping, took 3.6 s
 on the skewed rows (9 documents padded to 824). This is the CPU/test path: a GPU run should
-have the kernels, which take the boundaries directly.
+have fla, whose kernels take the boundaries directly (checked against each document alone on
+the H200 by `bench/hybrid_forward.py` and tests/trainer/test_gpu.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -121,25 +123,55 @@ class DocBounds:
 
 
 @functools.cache
-def gdn_kernels_available() -> bool:
-    """flash-linear-attention and causal-conv1d both importable: HF then takes boundaries."""
+def fla_available() -> bool:
+    """flash-linear-attention importable (its Triton kernels need CUDA)."""
     try:
-        from causal_conv1d import causal_conv1d_fn  # noqa: F401
+        from fla.modules.causal_conv1d import causal_conv1d  # noqa: F401
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: F401
-    except Exception:  # ImportError, or a broken CUDA extension
+    except Exception:  # ImportError, or a Triton/CUDA mismatch at import
         return False
     return True
 
 
+def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+    """HF's Qwen3.5 GatedDeltaNet forward (transformers 5.17-5.24: same weights, same order
+    of operations) on the whole batch flattened to one sequence, with fla's kernels given
+    the documents' `cu_seqlens`: its causal conv and its chunked delta rule both restart at
+    every document. Only flash-linear-attention is needed (not causal-conv1d, a CUDA build
+    that cannot be installed offline): fla has its own conv with boundaries."""
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    shape = x.shape
+    flat = x.reshape(1, -1, shape[-1])
+    T = flat.shape[1]
+    cu = bounds.cu_seqlens()
+    qkv, _ = causal_conv1d(
+        m.in_proj_qkv(flat),
+        weight=m.conv1d.weight.squeeze(1),
+        bias=m.conv1d.bias,
+        activation=m.activation,
+        cu_seqlens=cu,
+    )
+    q, k, v = torch.split(qkv, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+    q = q.reshape(1, T, -1, m.head_k_dim)
+    k = k.reshape(1, T, -1, m.head_k_dim)
+    v = v.reshape(1, T, -1, m.head_v_dim)
+    beta = m.in_proj_b(flat).sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    out, _ = chunk_gated_delta_rule(
+        q, k, v, g=g, beta=beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+    )
+    z = m.in_proj_z(flat)
+    out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+    return m.out_proj(out.reshape(1, T, -1)).view(shape)
+
+
 def gated_deltanet_packed(module: Any, x: Tensor, bounds: DocBounds) -> Tensor:
-    """HF's Qwen3.5 GatedDeltaNet on a packed [B, S, H] input, documents kept apart."""
-    if x.device.type == "cuda" and gdn_kernels_available():
-        # fla needs one sequence (batch 1) with cu_seqlens; causal_conv1d takes seq_idx
-        # (int32, per token) on a channel-last input, which is what HF's transpose gives it.
-        flat = x.reshape(1, -1, x.shape[-1])
-        seq_idx = bounds.doc.to(torch.int32)[None]
-        out = module(flat, cu_seq_lens_q=bounds.cu_seqlens(), seq_idx=seq_idx)
-        return out.view(x.shape)
+    """HF's Qwen3.5 GatedDeltaNet on a packed [B, S, H] input, documents kept apart: fla's
+    kernels with the boundaries on CUDA, else each document alone through HF's own layer."""
+    if x.device.type == "cuda" and fla_available():
+        return gated_deltanet_fla(module, x, bounds)
     return bounds.per_document(module, x)
 
 
