@@ -47,7 +47,7 @@ from trainer.attention import (  # noqa: E402
     resolve_backend,
 )
 from trainer.blocks import sample_anchors  # noqa: E402
-from trainer.data import Batch, Sample  # noqa: E402
+from trainer.data import Batch, LoadReport, Sample  # noqa: E402
 from trainer.loss import dflash_loss  # noqa: E402
 from trainer.model import DFlashDrafter, DrafterArch  # noqa: E402
 from trainer.pipeline import autocast_for  # noqa: E402
@@ -520,6 +520,7 @@ def section_pipeline(
             fused=device.type == "cuda",
         ),
         samples=samples,
+        data_report=LoadReport(len(samples), len(samples), 0, 0),
         batches_per_epoch=64,
         total_steps=steps,
         settings=bench_settings(sh, device),

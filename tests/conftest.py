@@ -46,6 +46,23 @@ def tiny_target_dir(dflash_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_hybrid_target_dir(dflash_cache_dir: Path) -> Path:
+    """The builtin tiny Qwen3.5 hybrid target, saved as the multimodal wrapper."""
+    from trainer.tiny_target import resolve_target_path
+
+    return resolve_target_path("builtin:tiny-qwen3.5")
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny hybrid saved text-only (`Qwen3_5ForCausalLM`)."""
+    from trainer.tiny_target import build_tiny_target
+
+    out = tmp_path_factory.mktemp("hybrid-text") / "tiny-qwen3.5-text"
+    return build_tiny_target(out, family="qwen3.5-text")
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     from trainer.tiny_target import build_tokenizer
 

@@ -5,7 +5,9 @@ A query in block n, anchored at position a_n, may attend to
   - context positions kv < a_n (strictly: the anchor's own hidden state does not exist yet
     at inference time, the `<=` bug fixed by SpecForge PR #473),
   - every token of its own block (bidirectional within the block),
-and nothing else. A padded block (keep = False) attends to nothing.
+and nothing else. A padded block (keep = False) attends to nothing. In a packed row
+(`doc_ids` given, see trainer.packing) a context position counts only when it lies in the
+anchor's own document: no block sees another document.
 
 Backends:
   - "sdpa": a dense boolean mask and `scaled_dot_product_attention` (CPU; flex has no CPU
@@ -25,7 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def dense_dflash_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> Tensor:
+def dense_dflash_mask(
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
+) -> Tensor:
     """bool[B, N*bs, ctx_len + N*bs]; True = may attend."""
     N = anchors.shape[1]
     device = anchors.device
@@ -35,13 +39,17 @@ def dense_dflash_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: i
     q_keep = keep[:, q_block].bool()  # [B, Q]
     is_ctx = kv < ctx_len
     ctx_ok = is_ctx[None, None, :] & (kv[None, None, :] < q_anchor[:, :, None])
+    if doc_ids is not None:
+        q_doc = doc_ids.gather(1, anchors)[:, q_block]  # [B, Q]
+        kv_doc = doc_ids.gather(1, kv.clamp(max=ctx_len - 1).expand(doc_ids.shape[0], -1))
+        ctx_ok = ctx_ok & (kv_doc[:, None, :] == q_doc[:, :, None])
     kv_block = (kv - ctx_len).clamp(min=0) // block_size
     own = (~is_ctx)[None, None, :] & (kv_block[None, None, :] == q_block[None, :, None])
     return (ctx_ok | own) & q_keep[:, :, None]
 
 
 def dflash_mask_mod(
-    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
 ) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The same predicate as `dense_dflash_mask`, in flex_attention's mask_mod form."""
     keep_b = keep.bool()
@@ -54,7 +62,17 @@ def dflash_mask_mod(
         own = (~is_ctx) & ((kv_idx - ctx_len) // block_size == blk)
         return keep_b[b, blk] & (ctx_ok | own)
 
-    return mask_mod
+    if doc_ids is None:
+        return mask_mod
+    anchor_doc = doc_ids.gather(1, anchors)  # [B, N]
+
+    def packed_mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        # kv_idx runs past the context into the blocks: clamp the lookup, `own` covers those.
+        kv_doc = doc_ids[b, torch.clamp(kv_idx, max=ctx_len - 1)]
+        same = (kv_idx >= ctx_len) | (kv_doc == anchor_doc[b, q_idx // block_size])
+        return mask_mod(b, h, q_idx, kv_idx) & same
+
+    return packed_mask_mod
 
 
 @dataclass
@@ -65,8 +83,10 @@ class DenseMask:
     empty_rows: Tensor  # bool [B, 1, Q, 1]: rows whose output must be zeroed
 
 
-def make_dense_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> DenseMask:
-    mask = dense_dflash_mask(anchors, keep, ctx_len, block_size)[:, None]
+def make_dense_mask(
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
+) -> DenseMask:
+    mask = dense_dflash_mask(anchors, keep, ctx_len, block_size, doc_ids)[:, None]
     empty = ~mask.any(dim=-1, keepdim=True)
     # An all-False row would make softmax NaN (and its gradient NaN everywhere it flows):
     # let it see every key, then zero its output.
@@ -86,12 +106,14 @@ def compiled_flex_attention() -> Any:
     return _compiled_flex
 
 
-def make_block_mask(anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int) -> Any:
+def make_block_mask(
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
+) -> Any:
     """Block-sparse mask for flex_attention. H=None: every head shares the mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, N = anchors.shape
-    mask_mod = dflash_mask_mod(anchors, keep, ctx_len, block_size)
+    mask_mod = dflash_mask_mod(anchors, keep, ctx_len, block_size, doc_ids)
     # Compiled, the mask is built blockwise instead of materialising [B, Q, KV] densely. On CPU
     # (forward checks only) the dense build is small and skips a ~20 s compile.
     return create_block_mask(
@@ -127,8 +149,13 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 def make_mask(
-    backend: str, anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int
+    backend: str,
+    anchors: Tensor,
+    keep: Tensor,
+    ctx_len: int,
+    block_size: int,
+    doc_ids: Tensor | None = None,
 ) -> DenseMask | Any:
     if backend == "flex":
-        return make_block_mask(anchors, keep, ctx_len, block_size)
-    return make_dense_mask(anchors, keep, ctx_len, block_size)
+        return make_block_mask(anchors, keep, ctx_len, block_size, doc_ids)
+    return make_dense_mask(anchors, keep, ctx_len, block_size, doc_ids)

@@ -3,6 +3,10 @@
 A block anchored at position a is `[token[a], MASK x (bs-1)]` at positions a..a+bs-1.
 Block position k (k >= 1) predicts token[a+k]; position 0 is the known anchor token.
 Anchors are padded to a fixed count with a keep mask so that every batch has one shape.
+
+In a packed row (`doc_ids` given) a block belongs to its anchor's document: the anchor
+needs its next token in the same document, and targets past the document's end weigh 0,
+exactly as targets past the end of an unpacked row do.
 """
 
 from __future__ import annotations
@@ -19,16 +23,25 @@ def default_gamma(block_size: int) -> float:
 
 
 def sample_anchors(
-    loss_mask: Tensor, lengths: Tensor, num_anchors: int, generator: torch.Generator | None = None
+    loss_mask: Tensor,
+    lengths: Tensor,
+    num_anchors: int,
+    generator: torch.Generator | None = None,
+    doc_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sample up to `num_anchors` distinct anchors per row inside the loss mask, sorted.
 
     A position a is a valid anchor when loss_mask[a] is set and a+1 is inside the sequence
-    (at least one label exists). Returns anchors int64 [B, N] (padding = 0) and keep bool [B, N].
+    (at least one label exists), and, in a packed row, in a's document.
+    Returns anchors int64 [B, N] (padding = 0) and keep bool [B, N].
     """
     B, S = loss_mask.shape
     pos = torch.arange(S, device=loss_mask.device)
     valid = (loss_mask > 0) & (pos[None, :] + 1 < lengths[:, None])
+    if doc_ids is not None:
+        same_next = torch.zeros_like(valid)
+        same_next[:, :-1] = doc_ids[:, 1:] == doc_ids[:, :-1]
+        valid &= same_next
     # Random keys, invalid positions pushed past every valid one; the N smallest keys win.
     # Sampled where the batch lives: the prefetch threads do this on CPU, off the GPU's path.
     keys = torch.rand(B, S, generator=generator, device=loss_mask.device)
@@ -54,6 +67,14 @@ def block_positions(anchors: Tensor, block_size: int) -> Tensor:
     return (anchors[:, :, None] + k).flatten(1)
 
 
+def block_rope_positions(anchors: Tensor, block_size: int, position_ids: Tensor | None) -> Tensor:
+    """[B, N*bs]: the positions RoPE gives a block's tokens: the anchor's position in its
+    document (its index, unpacked) plus k."""
+    if position_ids is None:
+        return block_positions(anchors, block_size)
+    return block_positions(position_ids.gather(1, anchors), block_size)
+
+
 def block_token_ids(
     input_ids: Tensor, anchors: Tensor, block_size: int, mask_token_id: int
 ) -> Tensor:
@@ -73,10 +94,12 @@ def block_labels_and_weights(
     keep: Tensor,
     block_size: int,
     gamma: float,
+    doc_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """labels int64 [B, N*bs] and weights float32 [B, N*bs].
 
-    weight = keep * (a+k < S) * loss_mask[a+k] * exp(-(k-1)/gamma), and 0 at k = 0.
+    weight = keep * (a+k < S) * loss_mask[a+k] * exp(-(k-1)/gamma), and 0 at k = 0;
+    packed, also 0 where a+k lies in another document than a.
     """
     B, S = input_ids.shape
     pos = block_positions(anchors, block_size).view(B, -1, block_size)  # [B, N, bs]
@@ -89,4 +112,9 @@ def block_labels_and_weights(
     decay = torch.exp(-(k - 1) / gamma) * (k > 0)
     w = loss_mask.float().gather(1, idx).view(B, -1, block_size)
     w = w * in_seq * keep[:, :, None].float() * decay
+    if doc_ids is not None:
+        same_doc = (
+            doc_ids.gather(1, idx).view(B, -1, block_size) == doc_ids.gather(1, anchors)[:, :, None]
+        )
+        w = w * same_doc
     return labels, w.flatten(1)

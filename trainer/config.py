@@ -54,6 +54,9 @@ class DataConfig:
     seq_buckets: list[int] = field(default_factory=lambda: [2048])
     # Samples longer than the largest bucket are truncated to it.
     shuffle: bool = True
+    # Pack several documents into each row (trainer/packing.py), none seeing another; false
+    # pads each sample to its own bucket row (most of a row is padding on chat data).
+    packing: bool = True
 
 
 @dataclass

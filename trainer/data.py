@@ -56,6 +56,7 @@ class LoadReport:
     samples: int
     skipped: int
     truncated: int  # kept samples cut to max_len
+    truncated_tokens: int = 0  # the tokens those cuts removed
     skip_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -63,8 +64,11 @@ class LoadReport:
 class Batch:
     input_ids: torch.Tensor  # int64 [B, S], right-padded with the pad id
     loss_mask: torch.Tensor  # float32 [B, S], 0 on padding
-    lengths: torch.Tensor  # int64 [B], unpadded lengths
+    lengths: torch.Tensor  # int64 [B], unpadded lengths (a packed row: its documents' sum)
     index: int  # position of this batch in the epoch's order
+    # Packed rows only (trainer.packing); None = one document per row.
+    doc_ids: torch.Tensor | None = None  # int64 [B, S]: the token's document in its row, -1 pad
+    position_ids: torch.Tensor | None = None  # int64 [B, S]: restarting at 0 per document
 
 
 class _Skip(Exception):
@@ -214,7 +218,7 @@ def load_samples(
         )
     samples: list[Sample] = []
     reasons: Counter[str] = Counter()
-    lines = truncated = 0
+    lines = truncated = truncated_tokens = 0
     try:
         with open(path, "rb") as f:
             # Bytes, so that one line of bad UTF-8 is a skipped line, not a crash.
@@ -227,11 +231,9 @@ def load_samples(
         lines += 1
         try:
             sample = _parse_line(raw, tokenizer, fmt)
-            if len(sample.input_ids) > max_len:
+            cut = max(0, len(sample.input_ids) - max_len)
+            if cut:
                 sample = Sample(sample.input_ids[:max_len], sample.loss_mask[:max_len])
-                was_truncated = True
-            else:
-                was_truncated = False
             if len(sample.input_ids) < 2:
                 raise _Skip("fewer than 2 tokens")
             if not any(sample.loss_mask):
@@ -242,7 +244,8 @@ def load_samples(
             if sum(reasons.values()) <= MAX_WARNINGS:
                 warn(f"data: {path}:{line_no}: skipped ({reason})")
             continue
-        truncated += was_truncated
+        truncated += cut > 0
+        truncated_tokens += cut
         samples.append(sample)
     skipped = sum(reasons.values())
     if skipped > MAX_WARNINGS:
@@ -252,6 +255,7 @@ def load_samples(
         samples=len(samples),
         skipped=skipped,
         truncated=truncated,
+        truncated_tokens=truncated_tokens,
         skip_reasons=dict(reasons),
     )
     if not samples:

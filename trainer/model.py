@@ -193,18 +193,22 @@ class DFlashDrafter(nn.Module):
         block_positions: Tensor,
         context: Tensor,
         mask: Any,
+        context_positions: Tensor | None = None,
     ) -> Tensor:
         """block_ids/positions [B, Q]; context [B, S, H] (fused). Returns normed hidden [B, Q, H].
 
         `mask` is the backend's mask (see trainer.attention); None lets every block token see
         the whole context, which is what inference does with a context that ends before the
-        anchor.
+        anchor. `context_positions` [B, S]: the context's RoPE positions (a packed row's
+        restart at each document); None = 0..S-1.
         """
         B, S = context.shape[:2]
         x = self.embed(block_ids).to(context.dtype)
         d, theta = self.arch.head_dim, self.arch.rope_theta
         rope_q = rope_cos_sin(block_positions, d, theta)
-        ctx_pos = torch.arange(S, device=context.device).expand(B, S)
+        ctx_pos = context_positions
+        if ctx_pos is None:
+            ctx_pos = torch.arange(S, device=context.device).expand(B, S)
         rope_k = rope_cos_sin(torch.cat([ctx_pos, block_positions], dim=1), d, theta)
         rope_q = (rope_q[0].to(x.dtype), rope_q[1].to(x.dtype))
         rope_k = (rope_k[0].to(x.dtype), rope_k[1].to(x.dtype))

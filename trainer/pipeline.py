@@ -46,6 +46,7 @@ from trainer.faults import FaultPlan
 from trainer.loss import STAT_NAMES, LossOutput
 from trainer.memory import device_memory
 from trainer.optim import lr_at, noise_at, set_lr
+from trainer.packing import collate_packs, epoch_pack_batches
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
 from trainer.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
@@ -108,8 +109,10 @@ class Pipeline:
         self.barrier = threading.Barrier(self.D)
         self.outs: list[LossOutput | None] = [None] * self.D
         self.out_tokens = [0] * self.D
+        self.out_slots = [0] * self.D  # batch positions, padding included
+        self._slots = 0
         self._finish = False
-        self._orders: dict[int, list[list[int]]] = {}
+        self._orders: dict[int, list[list[list[int]]]] = {}
         self._orders_lock = threading.Lock()
         self._target_batches = 0
         self._count_lock = threading.Lock()
@@ -153,18 +156,19 @@ class Pipeline:
             raise
 
     # -- data order ----------------------------------------------------------------------
-    def _epoch_order(self, epoch: int) -> list[list[int]]:
+    def _epoch_order(self, epoch: int) -> list[list[list[int]]]:
+        """The epoch's batches, each a list of rows of sample indices (one sample per row
+        unless packing)."""
         with self._orders_lock:
             if epoch not in self._orders:
                 c = self.cfg
-                self._orders[epoch] = epoch_batches(
-                    self.run.samples,
-                    c.data.seq_buckets,
-                    c.train.batch_size,
-                    c.train.seed,
-                    epoch,
-                    shuffle=c.data.shuffle,
-                )
+                args = (self.run.samples, c.data.seq_buckets, c.train.batch_size, c.train.seed)
+                if c.data.packing:
+                    order = epoch_pack_batches(*args, epoch, shuffle=c.data.shuffle)
+                else:
+                    plain = epoch_batches(*args, epoch, shuffle=c.data.shuffle)
+                    order = [[[i] for i in batch] for batch in plain]
+                self._orders[epoch] = order
                 # Prefetch threads straddle at most two epochs; older orders are done.
                 for old in [e for e in self._orders if e < epoch - 1]:
                     del self._orders[old]
@@ -173,13 +177,15 @@ class Pipeline:
     def make_batch(self, g: int) -> BlockBatch:
         per_epoch = self.run.batches_per_epoch
         epoch, index = divmod(g, per_epoch)
-        indices = self._epoch_order(epoch)[index]
+        rows = self._epoch_order(epoch)[index]
         samples = self.run.samples
-        bucket = pick_bucket(
-            max(len(samples[i].input_ids) for i in indices), self.cfg.data.seq_buckets
-        )
+        longest = max(sum(len(samples[i].input_ids) for i in row) for row in rows)
+        bucket = pick_bucket(longest, self.cfg.data.seq_buckets)
         pad_id = self.run.tokenizer.pad_token_id or 0
-        batch = collate(samples, indices, bucket, pad_id, index)
+        if self.cfg.data.packing:
+            batch = collate_packs(samples, rows, bucket, pad_id, index)
+        else:
+            batch = collate(samples, [row[0] for row in rows], bucket, pad_id, index)
         blocks = prepare_blocks(batch, self.cfg.train.num_anchors, self.cfg.train.seed, epoch)
         return blocks
 
@@ -217,7 +223,11 @@ class Pipeline:
             self.state.thread_state("forward")
             self.faults.check("target", n)
             on_dev = blocks.to(dev, non_blocking=True)
-            features = features_of(on_dev.batch.input_ids)
+            b = on_dev.batch
+            if b.position_ids is None:
+                features = features_of(b.input_ids)
+            else:  # packed: the target keeps the documents apart
+                features = features_of(b.input_ids, b.position_ids)
             r = (g - self.g0) % self.D
             dst = self.run.drafter_devices[r]
             self.state.thread_state("copy to drafter")
@@ -257,6 +267,7 @@ class Pipeline:
             out.loss.backward()
             self.outs[r] = out
             self.out_tokens[r] = item.blocks.tokens
+            self.out_slots[r] = item.blocks.batch.input_ids.numel()
             del item, out
             self._barrier_wait()
             if r == 0:
@@ -279,14 +290,15 @@ class Pipeline:
         replicas.broadcast_params()
         replicas.zero_grads()
 
-        tokens = sum(self.out_tokens)
+        tokens, slots = sum(self.out_tokens), sum(self.out_slots)
         p = self.position
         p.step, p.batches, p.tokens = s + 1, p.batches + self.D, p.tokens + tokens
+        self._slots += slots
         epoch = p.batches / max(1, run.batches_per_epoch)
-        self.state.record_step(p.step, p.tokens, epoch)
+        self.state.record_step(p.step, p.tokens, epoch, self._slots)
         if p.step == self.s0 + 1:
             self.state.set_phase(TRAINING)
-        self._window.add([o for o in self.outs if o is not None], tokens)
+        self._window.add([o for o in self.outs if o is not None], tokens, slots)
         self.outs = [None] * self.D
         last = p.step >= run.total_steps
         if p.step % cfg.train.log_every == 0 or last:
@@ -371,6 +383,8 @@ class Pipeline:
 def _pin(blocks: BlockBatch) -> BlockBatch:
     b = blocks.batch
     b.input_ids, b.loss_mask = b.input_ids.pin_memory(), b.loss_mask.pin_memory()
+    if b.doc_ids is not None and b.position_ids is not None:
+        b.doc_ids, b.position_ids = b.doc_ids.pin_memory(), b.position_ids.pin_memory()
     blocks.anchors, blocks.keep = blocks.anchors.pin_memory(), blocks.keep.pin_memory()
     return blocks
 
@@ -383,14 +397,16 @@ class _Window:
         self.t0 = time.monotonic()
         self.steps = 0
         self.tokens = 0
+        self.slots = 0
         with pipe._count_lock:
             self.target_batches0 = pipe._target_batches
         self.loss: Tensor | None = None
         self.stats: Tensor | None = None
 
-    def add(self, outs: list[LossOutput], tokens: int) -> None:
+    def add(self, outs: list[LossOutput], tokens: int, slots: int) -> None:
         self.steps += 1
         self.tokens += tokens
+        self.slots += slots
         dev = self.pipe.run.drafter_devices[0]
         loss = sum(o.loss.detach().to(dev) for o in outs) / max(1, len(outs))
         stats = sum(o.stats.to(dev) for o in outs)
@@ -428,6 +444,7 @@ class _Window:
             q_pre=[q.depth for q in queues.q_pre],
             q_hs=[q.depth for q in queues.q_hs],
             epoch=p.batches / max(1, run.batches_per_epoch),
+            padding=1 - self.tokens / self.slots if self.slots else None,
             eta_s=eta,
             topk=mean["topk"],
             tokens=p.tokens,

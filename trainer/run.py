@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,7 +23,7 @@ import trainer
 from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
 from trainer.config import Config, ConfigError
 from trainer.contract.codehash import code_hash
-from trainer.contract.heartbeat import DeviceId, ErrorInfo, WandbInfo
+from trainer.contract.heartbeat import DataInfo, DeviceId, ErrorInfo, WandbInfo
 from trainer.contract.phases import (
     CHECKPOINTING,
     CRASHED,
@@ -41,6 +41,9 @@ from trainer.memory import device_memory
 from trainer.runstate import RunState
 from trainer.signals import SignalHandlers
 from trainer.steplog import RunLog
+
+if TYPE_CHECKING:
+    from trainer.setup import RunSetup
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (ConfigError, DataError, ValueError, FileNotFoundError, PermissionError)
@@ -124,6 +127,30 @@ class Run:
 
     def _on_dump(self, path: Path) -> None:
         self.log.line(f"SIGUSR1: thread stacks written to {path.name}")
+
+    def _report_data(self, setup: RunSetup) -> None:
+        """One line on what a batch is made of, and the same in the heartbeat."""
+        from trainer.packing import planned_padding
+
+        rep, data = setup.data_report, self.cfg.data
+        padding = planned_padding(
+            setup.samples, data.seq_buckets, self.cfg.train.batch_size, data.packing
+        )
+        self.state.data_loaded(
+            DataInfo(
+                packing=data.packing,
+                samples=rep.samples,
+                skipped=rep.skipped,
+                truncated=rep.truncated,
+                truncated_tokens=rep.truncated_tokens,
+            )
+        )
+        layout = "packed" if data.packing else "one sample per row"
+        self.log.line(
+            f"data: {rep.samples:,} samples, {setup.batches_per_epoch:,} batches per epoch"
+            f" ({layout}), {padding:.1%} padding; {rep.truncated:,} samples truncated"
+            f" ({rep.truncated_tokens:,} tokens)"
+        )
 
     def _update_config_json(self, **run_fields: Any) -> None:
         self.meta.update(run_fields)
@@ -210,6 +237,7 @@ class Run:
             faults=faults,
         )
         self.state.total_steps = setup.total_steps
+        self._report_data(setup)
         position = TrainPosition(step=0, batches=0, tokens=0)
         if checkpoint is not None:
             position = restore(setup, checkpoint)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
+    DataInfo,
     ErrorInfo,
     Heartbeat,
     PhaseProgress,
@@ -49,7 +50,10 @@ class RunState:
         self.last_step_at: float | None = None
         self.tokens = 0
         self.epoch = 0.0
-        self._recent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, tokens) per step
+        # (time, tokens, batch positions) per step: the positions count the padding too.
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self.slots = 0
+        self.data: DataInfo | None = None
         self._threads: dict[int, ThreadInfo] = {}  # keyed by threading.get_ident()
         self.error: ErrorInfo | None = None
         self.wandb = WandbInfo(mode="disabled")
@@ -119,12 +123,17 @@ class RunState:
             info.state, info.since = state, time.time()
 
     # -- steps -------------------------------------------------------------------------
-    def record_step(self, step: int, tokens: int, epoch: float) -> None:
+    def record_step(self, step: int, tokens: int, epoch: float, slots: int = 0) -> None:
+        """`tokens`, `slots`: running totals of real tokens and of batch positions."""
         now = time.time()
         with self._lock:
             self.step, self.last_step_at, self.epoch = step, now, epoch
-            self.tokens = tokens
-            self._recent.append((now, tokens))
+            self.tokens, self.slots = tokens, slots
+            self._recent.append((now, tokens, slots))
+
+    def data_loaded(self, info: DataInfo) -> None:
+        with self._lock:
+            self.data = info
 
     def tok_s(self, window_s: float = 10.0) -> float:
         with self._lock:
@@ -135,8 +144,15 @@ class RunState:
         inside = [r for r in recent if now - r[0] <= window_s]
         if len(inside) < 2:
             inside = recent[-2:]
-        (t0, k0), (t1, k1) = inside[0], inside[-1]
+        (t0, k0, _), (t1, k1, _) = inside[0], inside[-1]
         return (k1 - k0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def _padding(self) -> float | None:
+        """Padding share of the recent steps' batch positions (under the lock)."""
+        if len(self._recent) < 2:
+            return None
+        (_, k0, p0), (_, k1, p1) = self._recent[0], self._recent[-1]
+        return 1 - (k1 - k0) / (p1 - p0) if p1 > p0 else None
 
     # -- failure -----------------------------------------------------------------------
     def fail(self, exc: BaseException) -> bool:
@@ -179,6 +195,9 @@ class RunState:
                 exit_code=self.exit_code,
                 target_load=copy.copy(self.target_load),
                 last_checkpoint=self.last_checkpoint,
+                data=dataclasses.replace(self.data, padding=self._padding())
+                if self.data is not None
+                else None,
             )
             return beat, list(self._threads)
 

@@ -17,10 +17,17 @@ from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
 from trainer.config import Config
 from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
-from trainer.data import Sample, batches_per_epoch, load_samples, resolve_data_path
+from trainer.data import (
+    LoadReport,
+    Sample,
+    batches_per_epoch,
+    load_samples,
+    resolve_data_path,
+)
 from trainer.faults import FaultPlan
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
+from trainer.packing import packed_batches_per_epoch
 from trainer.replicas import DrafterReplicas
 from trainer.step import LossSettings
 from trainer.target import (
@@ -149,6 +156,7 @@ class RunSetup:
     replicas: DrafterReplicas
     optimizer: torch.optim.Optimizer
     samples: list[Sample]
+    data_report: LoadReport
     batches_per_epoch: int
     total_steps: int
     settings: LossSettings
@@ -202,10 +210,11 @@ def build_run(
     faults = faults or FaultPlan("")
     phase(LOADING_DATA)
     time.sleep(faults.slow_s("data"))  # DFLASH_FAULT=slow:data:S
-    samples, _report = load_samples(
+    samples, report = load_samples(
         data_path, tokenizer, cfg.data.format, max(cfg.data.seq_buckets), warn=warn
     )
-    per_epoch = batches_per_epoch(samples, cfg.data.seq_buckets, cfg.train.batch_size)
+    count = packed_batches_per_epoch if cfg.data.packing else batches_per_epoch
+    per_epoch = count(samples, cfg.data.seq_buckets, cfg.train.batch_size)
 
     # The drafters first, on placeholder embedding/head tensors of the target's shape:
     # compiling needs shapes, not weights, so the target loads on a thread meanwhile and
@@ -252,6 +261,7 @@ def build_run(
         replicas=replicas,
         optimizer=optimizer,
         samples=samples,
+        data_report=report,
         batches_per_epoch=per_epoch,
         total_steps=total,
         settings=settings,

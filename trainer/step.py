@@ -19,7 +19,7 @@ from torch import Tensor
 from trainer.attention import make_mask
 from trainer.blocks import (
     block_labels_and_weights,
-    block_positions,
+    block_rope_positions,
     block_token_ids,
     sample_anchors,
 )
@@ -41,11 +41,17 @@ class BlockBatch:
 
     def to(self, device: torch.device, non_blocking: bool = False) -> BlockBatch:
         b = self.batch
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
         moved = Batch(
             input_ids=b.input_ids.to(device, non_blocking=non_blocking),
             loss_mask=b.loss_mask.to(device, non_blocking=non_blocking),
             lengths=b.lengths.to(device, non_blocking=non_blocking),
             index=b.index,
+            doc_ids=move(b.doc_ids),
+            position_ids=move(b.position_ids),
         )
         return BlockBatch(
             batch=moved,
@@ -64,15 +70,18 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 
 def prepare_blocks(batch: Batch, num_anchors: int, seed: int, epoch: int) -> BlockBatch:
     gen = torch.Generator().manual_seed(batch_seed(seed, epoch, batch.index))
-    anchors, keep = sample_anchors(batch.loss_mask, batch.lengths, num_anchors, gen)
+    anchors, keep = sample_anchors(
+        batch.loss_mask, batch.lengths, num_anchors, gen, doc_ids=batch.doc_ids
+    )
     tokens = int(batch.lengths.sum())
     return BlockBatch(batch=batch, anchors=anchors, keep=keep, epoch=epoch, tokens=tokens)
 
 
 def attach_mask(blocks: BlockBatch, backend: str, block_size: int) -> BlockBatch:
     """Build the attention mask now (in the target thread), off the drafter's critical path."""
-    ctx_len = blocks.batch.input_ids.shape[1]
-    blocks.mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, block_size)
+    b = blocks.batch
+    ctx_len = b.input_ids.shape[1]
+    blocks.mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, block_size, b.doc_ids)
     return blocks
 
 
@@ -106,10 +115,12 @@ def drafter_hidden(
     ctx_len = b.input_ids.shape[1]
     mask = blocks.mask
     if mask is None:
-        mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, bs)
+        mask = make_mask(backend, blocks.anchors, blocks.keep, ctx_len, bs, b.doc_ids)
     ids = block_token_ids(b.input_ids, blocks.anchors, bs, drafter.arch.mask_token_id)
-    pos = block_positions(blocks.anchors, bs)
-    return drafter(ids, pos, context, mask)
+    pos = block_rope_positions(blocks.anchors, bs, b.position_ids)
+    if b.position_ids is None:  # unpacked: the call (and its compiled graph) as before
+        return drafter(ids, pos, context, mask)
+    return drafter(ids, pos, context, mask, b.position_ids)
 
 
 def drafter_loss(
@@ -124,7 +135,13 @@ def drafter_loss(
     b = blocks.batch
     hidden = drafter_hidden(drafter, blocks, features, settings.backend, noise_std, noise_generator)
     labels, weights = block_labels_and_weights(
-        b.input_ids, b.loss_mask, blocks.anchors, blocks.keep, settings.block_size, settings.gamma
+        b.input_ids,
+        b.loss_mask,
+        blocks.anchors,
+        blocks.keep,
+        settings.block_size,
+        settings.gamma,
+        b.doc_ids,
     )
     return dflash_loss(
         hidden,

@@ -8,12 +8,15 @@ largest single matmul) all of it: the target's own logits are never computed.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from trainer.target_packing import DocBounds, hybrid_layer_packed
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -32,6 +35,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _rope_theta(config: Any) -> float:
+    """The RoPE base; default RoPE only. Qwen3.5/3.6 also carry `mrope_section` and
+    `partial_rotary_factor`: on text positions (the same for T, H and W) their multimodal
+    RoPE is exactly default RoPE, on that fraction of each full-attention head, which HF's
+    own attention applies. The drafter's RoPE is its own."""
     theta = getattr(config, "rope_theta", None)
     params = getattr(config, "rope_parameters", None) or {}
     if theta is None:
@@ -56,6 +63,8 @@ class TargetInfo:
     rms_norm_eps: float
     rope_theta: float
     tied_embeddings: bool = False
+    model_type: str = "qwen3"  # of the text model: "qwen3" or "qwen3_5_text"
+    layer_types: tuple[str, ...] = ()  # "full_attention" / "linear_attention", when hybrid
 
 
 class TargetFeatures(nn.Module):
@@ -64,8 +73,10 @@ class TargetFeatures(nn.Module):
     The decoder layers are called directly (embedding, rotary, layers): no attention mask
     and no packed-sequence check are built, which in HF's forward cost a host sync per
     batch. Right padding needs no mask: attention is causal and padded positions are never
-    read by a block (anchors lie inside the sequence). A test checks the result against
-    HF's own `output_hidden_states`.
+    read by a block (anchors lie inside the sequence). Qwen3 (full attention) and the
+    Qwen3.5/3.6 hybrid (Gated DeltaNet and full attention) run through the same loop: HF's
+    decoder layers take the same call. Tests check the result against HF's own
+    `output_hidden_states`, and a packed row against its documents run alone.
     """
 
     def __init__(self, base: nn.Module, layer_ids: list[int], full_num_layers: int) -> None:
@@ -75,21 +86,41 @@ class TargetFeatures(nn.Module):
         # HF's hidden_states[L] (the very last one) is the *normed* final output; a truncated
         # model would not norm it, so emulate that for an explicitly chosen last layer.
         self.norm_last = full_num_layers - 1 in self.layer_ids
+        # Which layers are Gated DeltaNet (only those need the packed path's token mixer).
+        layers: Any = base.layers
+        self.linear = [getattr(layer, "linear_attn", None) is not None for layer in layers]
 
     @torch.no_grad()
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """int64 [B, S] -> [B, S, n*H]."""
+    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """int64 [B, S] -> [B, S, n*H].
+
+        `position_ids` (int64 [B, S]) packs several documents in a row: each starts where
+        its position is 0 (and at column 0). Every document's features are then exactly
+        those of the document alone: full attention gets a block-diagonal causal mask and
+        RoPE the restarting positions; Gated DeltaNet layers keep documents apart
+        (`target_packing`). None (no packing): one document per row, no mask built.
+        """
         base: Any = self.base
         hidden = base.embed_tokens(input_ids)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        bounds: DocBounds | None = None
+        mask: Tensor | None = None
+        if position_ids is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        else:
+            positions = position_ids
+            bounds = DocBounds.from_positions(position_ids)
+            mask = bounds.attention_mask()
         rope = base.rotary_emb(hidden, positions)
         wanted = set(self.layer_ids)
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(base.layers):
-            out = layer(
-                hidden, attention_mask=None, position_ids=positions, position_embeddings=rope
-            )
-            hidden = out[0] if isinstance(out, tuple) else out
+            if bounds is not None and self.linear[i]:
+                hidden = hybrid_layer_packed(layer, hidden, bounds)
+            else:
+                out = layer(
+                    hidden, attention_mask=mask, position_ids=positions, position_embeddings=rope
+                )
+                hidden = out[0] if isinstance(out, tuple) else out
             if i in wanted:
                 captured[i] = hidden
         feats = []
@@ -110,10 +141,45 @@ class LoadedTarget:
     layer_ids: list[int]
 
 
-def read_target_info(path: Path) -> TargetInfo:
+# The architectures a target may be saved as (config.json's `architectures`), by the
+# `model_type` of its config. The multimodal Qwen3.5/3.6 wrapper keeps its text model under
+# `text_config`; only that text model is loaded.
+SUPPORTED = {
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+}
+
+
+def text_config(path: Path) -> Any:
+    """The config of the target's text model; a one-line ValueError for anything else."""
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except ValueError as e:  # a model_type this transformers does not know
+        raise ValueError(f"target {path}: {str(e).splitlines()[0]}") from None
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED:
+        arch = ", ".join(getattr(config, "architectures", None) or []) or "?"
+        known = ", ".join(SUPPORTED.values())
+        raise ValueError(
+            f"target {path}: architecture {arch} (model_type {model_type!r}) is not supported;"
+            f" supported: {known}"
+        )
+    if model_type != "qwen3_5":
+        return config
+    text = copy.deepcopy(config.get_text_config())
+    # The wrapper's own flag is the one HF ties (or not) the wrapper's lm_head by; the text
+    # model built from `text` must agree, or it would tie a head the checkpoint has apart.
+    text.tie_word_embeddings = bool(config.tie_word_embeddings)
+    return text
+
+
+def read_target_info(path: Path) -> TargetInfo:
+    c = text_config(path)
+    layer_types = getattr(c, "layer_types", None) or []
+    hybrid = any(t != "full_attention" for t in layer_types)
     return TargetInfo(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
@@ -125,6 +191,8 @@ def read_target_info(path: Path) -> TargetInfo:
         rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(c),
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        model_type=c.model_type,
+        layer_types=tuple(layer_types) if hybrid else (),
     )
 
 
@@ -141,10 +209,17 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
 def load_target(
     path: Path, layer_ids: list[int], dtype: torch.dtype, device: torch.device
 ) -> LoadedTarget:
-    """Load with `AutoModelForCausalLM.from_pretrained`, keeping layers 0..max(layer_ids) only."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Load the text model's layers 0..max(layer_ids) only, through HF's `from_pretrained`.
 
-    config = AutoConfig.from_pretrained(path)
+    The text config (the wrapper's `text_config` for Qwen3.5/3.6) is truncated and handed to
+    `AutoModelForCausalLM`, which builds the text-only model (`Qwen3_5ForCausalLM` for the
+    wrapper): HF renames the wrapper's `model.language_model.*` weights to `model.*`, and
+    the vision tower's and the dropped layers' tensors match nothing, so they are never
+    materialized (safetensors slices are read lazily, per matched key).
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = text_config(path)
     full = config.num_hidden_layers
     check_layer_ids(layer_ids, full)
     keep = max(layer_ids) + 1
@@ -159,9 +234,16 @@ def load_target(
     tf_logging.set_verbosity_error()
     tf_logging.disable_progress_bar()
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=dtype, output_loading_info=True
+        )
+        model, loading = loaded
     finally:
         tf_logging.set_verbosity(verbosity)
+    if loading["missing_keys"]:
+        # A wrong mapping would otherwise leave random weights in place, silently.
+        missing = sorted(loading["missing_keys"])
+        raise ValueError(f"target {path}: weights missing from the checkpoint: {missing[:4]}")
     model.to(device).eval().requires_grad_(False)
     base = model.model
     embed = base.embed_tokens.weight

@@ -117,6 +117,10 @@ def warm_up(run: RunSetup, state: RunState, extra_s: float = 0.0) -> float:
                 lengths=torch.full((B,), S, dtype=torch.long),
                 index=0,
             )
+            if run.cfg.data.packing:  # the packed graph: two documents per row
+                half = torch.arange(S) >= S // 2
+                batch.doc_ids = half.long().expand(B, S).clone()
+                batch.position_ids = (torch.arange(S) - half * (S // 2)).expand(B, S).clone()
             blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
             # As the target thread does it: outside autocast, so the same graph serves both.
             attach_mask(blocks, run.settings.backend, run.settings.block_size)

@@ -99,3 +99,29 @@ def test_target_stream_trains_like_the_shared_stream(tmp_path):
     # Same batches, same order: only kernel-level nondeterminism (flex backward) differs.
     for a, b in zip(curves["true"], curves["false"], strict=True):
         assert abs(a - b) <= 0.02 * abs(b), curves
+
+
+@cuda
+def test_packed_hybrid_forward_with_fla_equals_each_document_alone(tiny_hybrid_target_dir):
+    """fla's conv and delta rule, given the documents' cu_seqlens, restart at every
+    document: the packed row's features equal each document's own forward (fp32)."""
+    from trainer.target import default_target_layer_ids, load_target, read_target_info
+    from trainer.target_packing import fla_available
+
+    if not fla_available():
+        pytest.skip("flash-linear-attention is not installed")
+    info = read_target_info(tiny_hybrid_target_dir)
+    ids_read = default_target_layer_ids(info.num_layers, 2)
+    target = load_target(tiny_hybrid_target_dir, ids_read, torch.float32, torch.device("cuda"))
+    lengths = [70, 5, 130, 51]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (1, sum(lengths)), generator=g).cuda()
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].cuda()
+    packed = target.features(ids, pos)
+    at = 0
+    for n in lengths:
+        alone = target.features(ids[:, at : at + n])
+        torch.testing.assert_close(packed[:, at : at + n], alone, rtol=2e-3, atol=2e-3)
+        at += n
+    # Without the boundaries the later documents differ: the test can fail.
+    assert not torch.allclose(target.features(ids)[:, 75:], packed[:, 75:], atol=1e-2)

@@ -117,7 +117,7 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 def test_lost_race_keeps_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "tiny"
 
-    def winner_appears(folder: Path, seed: int) -> None:
+    def winner_appears(folder: Path, seed: int, family: str) -> None:
         # Another process finishes first while this one is still building.
         (folder / "config.json").write_text("{}")
         out.mkdir()
@@ -135,7 +135,7 @@ def test_resolve_builtin_uses_the_cache(
     assert tiny_target_dir == dflash_cache_dir / "tiny-qwen3-v2"
     assert (tiny_target_dir / "config.json").is_file()
 
-    def no_rebuild(out_dir: Path, seed: int = 0) -> Path:
+    def no_rebuild(out_dir: Path, seed: int = 0, family: str = "qwen3") -> Path:
         raise AssertionError("rebuilt a cached target")
 
     monkeypatch.setattr(tt, "build_tiny_target", no_rebuild)
@@ -147,8 +147,9 @@ def test_resolve_builds_when_missing(
 ) -> None:
     built: list[Path] = []
 
-    def fake_build(out_dir: Path, seed: int = 0) -> Path:
+    def fake_build(out_dir: Path, seed: int = 0, family: str = "qwen3") -> Path:
         built.append(out_dir)
+        assert family == "qwen3"
         return out_dir
 
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "c"))

@@ -146,6 +146,20 @@ class CheckpointInfo:
 
 
 @dataclasses.dataclass
+class DataInfo:
+    """What the data loading kept and what a batch is made of."""
+
+    packing: bool = False  # several documents per row (trainer/packing.py)
+    samples: int = 0
+    skipped: int = 0  # unusable lines
+    truncated: int = 0  # samples cut to the largest bucket
+    truncated_tokens: int = 0  # the tokens those cuts removed
+    # Of the batch positions of the recent steps, the share that were padding; None before
+    # the second step.
+    padding: float | None = None
+
+
+@dataclasses.dataclass
 class Heartbeat:
     schema: int
     run_id: str
@@ -178,6 +192,7 @@ class Heartbeat:
     target_load: Span | None = None
     last_checkpoint: CheckpointInfo | None = None
     proc_start: int | None = None
+    data: DataInfo | None = None  # None: an older trainer, or before the data has loaded
 
     @property
     def process_group(self) -> int:

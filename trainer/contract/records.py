@@ -99,6 +99,9 @@ class MetricsRow:
     topk: float = 0.0
     tokens: int = 0
     memory: dict[str, DeviceMemory] = dataclasses.field(default_factory=dict)
+    # Of the batch positions since the last row, the share that were padding (tok_s counts
+    # real tokens only); None: an older trainer.
+    padding: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)

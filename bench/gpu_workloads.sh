@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Real workloads on one H200, through dflash-tui as an operator runs them (deploy, launch,
+# status, kill). Parts, each sized for one device call (10 min):
+#   8b        the 8B config on the bundled realistic chat data (packed), then the same config
+#             on full-length 4096-token documents (warm compile cache): tok/s of each after
+#             the first minute of training, their ratio, the padding share
+#   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
+#             disk), with and without flash-linear-attention, packed and unpacked (a harness)
+#   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s
+#   tiny      this script's own check on any machine (the CPU demo config, packed and not)
+# Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
+# Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
+set -uo pipefail
+out="${1:-/tmp/gpu_workloads}"; shift || true
+parts="${*:-8b}"
+mkdir -p "$out"
+work=/tmp/workloads
+mkdir -p "$work"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR="$work/cache"
+export TORCHINDUCTOR_CACHE_DIR="$work/inductor" TRITON_CACHE_DIR="$work/triton"
+log="$out/summary.txt"
+say() { echo "== $* ($(( $(date +%s) - t0 ))s)" | tee -a "$log"; }
+t0=$(date +%s)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | grep -v "^WARNING" | tail -3
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$log"
+python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$log"
+python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1 | tee -a "$log"
+
+remote="$work/remote"
+cli=(python3 -m dflash_tui.cli)
+where=(local --remote-dir "$remote")
+
+# A launch, its first minute of training, and the kill: tok/s from metrics.jsonl rows logged
+# after `settle` seconds of training (compile and warm-up excluded), medians.
+launch_and_measure() {  # NAME CONFIG SETTLE_S MEASURE_S [--set k=v ...]
+  local name=$1 config=$2 settle=$3 measure=$4; shift 4
+  say "launch $name"
+  local t_launch; t_launch=$(date +%s.%N)
+  "${cli[@]}" launch "${where[@]}" --config "$config" --set runtime.wandb_mode=disabled "$@" 2>&1 | tail -3 | tee -a "$log"
+  local status=starting
+  for _ in $(seq 480); do
+    "${cli[@]}" status "${where[@]}" --json > "$work/status.json" 2>/dev/null
+    status=$(python3 bench/snapshot_phase.py "$work/status.json")
+    [[ $status == training || $status == crashed || $status == finished ]] && break
+    sleep 1
+  done
+  echo "$name: launch -> $status $(python3 -c "print(round($(date +%s.%N)-$t_launch, 1))") s" | tee -a "$log"
+  sleep "$settle"
+  local t_start; t_start=$(date +%s)
+  sleep "$measure"
+  "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
+  "${cli[@]}" status "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
+  local run_dir; run_dir=$(ls -td "$remote"/runs/*/ | head -1)
+  python3 - "$run_dir" "$t_start" "$name" <<'EOF' | tee -a "$log"
+import json, statistics, sys
+run_dir, t_start, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+rows = [json.loads(l) for l in open(run_dir + "metrics.jsonl") if l.strip()]
+late = [r for r in rows if r["time"] >= t_start]
+hb = json.load(open(run_dir + "heartbeat.json"))
+pad = (hb.get("data") or {}).get("padding")
+if late:
+    tok = statistics.median(r["tok_s"] for r in late)
+    print(f"RESULT {name} tok_s={tok:.0f} rows={len(late)} padding={pad} step={hb['step']}")
+else:
+    print(f"RESULT {name} no metrics rows after the settle time (rows={len(rows)}, phase={hb['phase']})")
+EOF
+  grep -m1 "^data:" "$run_dir/train.log" | tee -a "$log"
+  "${cli[@]}" kill "${where[@]}" --timeout 60 2>&1 | tail -1 | tee -a "$log"
+  cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
+}
+
+for part in $parts; do
+  case $part in
+    8b)
+      say "build the 8B-shaped target"
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      # Full-length documents: synthetic conversations run together as text, each record
+      # longer than the 4096 bucket (truncated to it, so no row has padding).
+      python3 - "$work/fulldocs.jsonl" <<'EOF'
+import json, random, sys
+from trainer.synthetic import conversation_text, generate_conversations
+convs = generate_conversations(6000, seed=11)
+with open(sys.argv[1], "w") as f:
+    for i in range(0, len(convs), 60):
+        f.write(json.dumps({"text": "\n".join(conversation_text(c) for c in convs[i : i + 60])}) + "\n")
+EOF
+      say deploy
+      "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure 8b-chat trainer/configs/qwen3-8b-h200.toml 20 60
+      launch_and_measure 8b-fulldocs trainer/configs/qwen3-8b-h200.toml 20 60 --set "data.path=$work/fulldocs.jsonl"
+      python3 - "$log" <<'EOF' | tee -a "$log"
+import re, sys
+r = dict(re.findall(r"RESULT (\S+) tok_s=(\d+)", open(sys.argv[1]).read()))
+if "8b-chat" in r and "8b-fulldocs" in r:
+    print(f"RATIO chat/fulldocs = {int(r['8b-chat']) / int(r['8b-fulldocs']):.3f}")
+EOF
+      ;;
+    hybrid)
+      say "hybrid target forward, with and without fla"
+      for fla in with without; do
+        python3 bench/hybrid_forward.py --fla "$fla" 2>&1 | grep -v Warning | tee -a "$log"
+      done ;;
+    27b)
+      say "build the Qwen3.6-27B-shaped target"
+      rm -rf /tmp/qwen3-8b-random  # the disk holds one large target at a time
+      [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml 20 60 ;;
+    tiny)  # the script's own check, on any machine: the CPU demo config, packed vs not
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
+      launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, tiny)" >&2; exit 2 ;;
+  esac
+done
+say "done"
+grep -E "^RESULT|^RATIO|launch ->|^HYBRID" "$log"

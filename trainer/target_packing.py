@@ -1,0 +1,183 @@
+"""Document boundaries inside the target's forward, for packed rows (several documents a row).
+
+A packed row says where each document starts through its `position_ids`: positions restart
+at 0 at every document. The target must then compute each document's features exactly as it
+would for that document alone:
+
+- full attention: no token attends across a document boundary (a block-diagonal causal mask)
+  and RoPE reads the restarting positions;
+- Gated DeltaNet (the Qwen3.5/3.6 linear-attention layers): its causal conv and its recurrent
+  state run along the whole row, and HF resets neither at a boundary unless it is given the
+  boundaries. With flash-linear-attention installed (CUDA), `gated_deltanet_fla` runs HF's
+  layer's arithmetic on the batch flattened to one sequence, and fla's `causal_conv1d` and
+  `chunk_gated_delta_rule`, given `cu_seqlens`, keep documents apart. HF's
+  torch fallback takes no boundaries (it refuses them), so there the documents are cut out
+  and run through the same HF layer as right-padded batches of similar lengths: each one is
+  then literally a document alone (right padding never reaches an earlier token: both the
+  conv and the recurrence are causal).
+
+Why split, not a reset inside the torch chunked rule: a reset is exact only by masking the
+within-chunk decays and the state's read and write per token, a rewrite of HF's reference
+kernel kept in step by hand; a -inf decay at each start breaks the chunked algorithm (the
+cumulative log-decay turns into inf - inf, or with a huge finite value loses fp32
+precision for the rest of the chunk). The split reuses HF's code unchanged.
+`bench/gdn_packing_cpu.py` measured it on this 2-core machine (shared, so +-20%): one GDN
+layer, hidden 1024, two rows of 1024 tokens, fp32, one thread. The row run whole without
+boundaries took 1.8-2.2 s; grouped per-document batches 1.9-2.2 s (8 even documents, 9
+skewed ones from 50 to 824 tokens, 48 short ones); one call per document 1.5-2.7 s (slowest
+with many short documents). One padded batch of all documents, before grouping, took 3.6 s
+on the skewed rows (9 documents padded to 824). This is the CPU/test path: a GPU run should
+have fla, whose kernels take the boundaries directly (checked against each document alone on
+the H200 by `bench/hybrid_forward.py` and tests/trainer/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class DocBounds:
+    """Where each document of a packed [B, S] batch lies. Computed once per batch."""
+
+    doc: Tensor  # int64 [B*S]: each token's document, numbered over the flattened batch
+    offset: Tensor  # int64 [B*S]: each token's index inside its document
+    lengths: Tensor  # int64 [N]: each document's length
+    row_doc: Tensor  # int64 [B, S]: `doc` per row, for the attention mask
+
+    @classmethod
+    def from_positions(cls, position_ids: Tensor) -> DocBounds:
+        """A document starts where position_ids == 0, and at every row's first token."""
+        if position_ids.dim() != 2:
+            raise ValueError(f"position_ids: expected [B, S], got {tuple(position_ids.shape)}")
+        starts = position_ids == 0
+        starts[:, 0] = True  # a row never continues the row above it
+        flat = starts.reshape(-1)
+        doc = torch.cumsum(flat, 0) - 1
+        index = torch.arange(flat.numel(), device=flat.device)
+        first = index[flat]  # each document's first flat index, in order
+        offset = index - first[doc]
+        lengths = torch.diff(first, append=first.new_tensor([flat.numel()]))
+        return cls(
+            doc=doc,
+            offset=offset,
+            lengths=lengths,
+            row_doc=doc.view(position_ids.shape),
+        )
+
+    @property
+    def num_docs(self) -> int:
+        return int(self.lengths.numel())
+
+    def attention_mask(self) -> Tensor:
+        """bool [B, 1, S, S]: True where query i may attend key j (same document, j <= i)."""
+        d = self.row_doc
+        s = d.shape[1]
+        causal = torch.ones(s, s, dtype=torch.bool, device=d.device).tril()
+        return ((d[:, :, None] == d[:, None, :]) & causal)[:, None]
+
+    def cu_seqlens(self) -> Tensor:
+        """int64 [N + 1]: the documents' starts in the flattened batch, then its length."""
+        zero = self.lengths.new_zeros(1)
+        return torch.cat([zero, torch.cumsum(self.lengths, 0)])
+
+    def groups(self, waste: float = 1.25) -> list[list[int]]:
+        """The documents in groups of similar length, longest first: a group, right-padded
+        to its longest, holds at most `waste` times its own tokens (one host sync)."""
+        lengths = self.lengths.tolist()
+        out: list[list[int]] = []
+        group: list[int] = []
+        tokens = 0
+        for d in sorted(range(len(lengths)), key=lambda d: -lengths[d]):
+            if group and (len(group) + 1) * lengths[group[0]] > waste * (tokens + lengths[d]):
+                out.append(group)
+                group, tokens = [], 0
+            group.append(d)
+            tokens += lengths[d]
+        out.append(group)
+        return out
+
+    def per_document(self, fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """fn applied to each document of x ([B, S, H]) alone: the documents of a group go
+        through fn side by side as one right-padded batch; the outputs go back in place."""
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.empty_like(flat)
+        starts = self.cu_seqlens()[:-1]
+        for group in self.groups():
+            docs = torch.tensor(group, device=x.device)
+            longest = int(self.lengths[group[0]])
+            step = torch.arange(longest, device=x.device)
+            index = starts[docs, None] + step  # [n, longest]
+            valid = step < self.lengths[docs, None]
+            index = torch.where(valid, index, 0)
+            batch = flat[index] * valid[..., None]  # zeros after each document's end
+            out[index[valid]] = fn(batch)[valid]
+        return out.view(x.shape)
+
+
+@functools.cache
+def fla_available() -> bool:
+    """flash-linear-attention importable (its Triton kernels need CUDA)."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d  # noqa: F401
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # noqa: F401
+    except Exception:  # ImportError, or a Triton/CUDA mismatch at import
+        return False
+    return True
+
+
+def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+    """HF's Qwen3.5 GatedDeltaNet forward (transformers 5.17-5.24: same weights, same order
+    of operations) on the whole batch flattened to one sequence, with fla's kernels given
+    the documents' `cu_seqlens`: its causal conv and its chunked delta rule both restart at
+    every document. Only flash-linear-attention is needed (not causal-conv1d, a CUDA build
+    that cannot be installed offline): fla has its own conv with boundaries."""
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    shape = x.shape
+    flat = x.reshape(1, -1, shape[-1])
+    T = flat.shape[1]
+    cu = bounds.cu_seqlens()
+    qkv, _ = causal_conv1d(
+        m.in_proj_qkv(flat),
+        weight=m.conv1d.weight.squeeze(1),
+        bias=m.conv1d.bias,
+        activation=m.activation,
+        cu_seqlens=cu,
+    )
+    q, k, v = torch.split(qkv, [m.key_dim, m.key_dim, m.value_dim], dim=-1)
+    q = q.reshape(1, T, -1, m.head_k_dim)
+    k = k.reshape(1, T, -1, m.head_k_dim)
+    v = v.reshape(1, T, -1, m.head_v_dim)
+    beta = m.in_proj_b(flat).sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    out, _ = chunk_gated_delta_rule(
+        q, k, v, g=g, beta=beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+    )
+    z = m.in_proj_z(flat)
+    out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+    return m.out_proj(out.reshape(1, T, -1)).view(shape)
+
+
+def gated_deltanet_packed(module: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+    """HF's Qwen3.5 GatedDeltaNet on a packed [B, S, H] input, documents kept apart: fla's
+    kernels with the boundaries on CUDA, else each document alone through HF's own layer."""
+    if x.device.type == "cuda" and fla_available():
+        return gated_deltanet_fla(module, x, bounds)
+    return bounds.per_document(module, x)
+
+
+def hybrid_layer_packed(layer: Any, hidden: Tensor, bounds: DocBounds) -> Tensor:
+    """One Qwen3.5 linear-attention decoder layer, as HF's, with the packed token mixer."""
+    residual = hidden
+    h = gated_deltanet_packed(layer.linear_attn, layer.input_layernorm(hidden), bounds)
+    hidden = residual + h
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
