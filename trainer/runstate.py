@@ -15,6 +15,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from trainer.contract.environment import Preflight
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
@@ -57,6 +58,7 @@ class RunState:
         self.target_load: Span | None = None
         self.last_checkpoint: CheckpointInfo | None = None
         self.exit_code: int | None = None
+        self.preflight: Preflight | None = None  # set once, before the target loads
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
 
@@ -179,6 +181,7 @@ class RunState:
                 exit_code=self.exit_code,
                 target_load=copy.copy(self.target_load),
                 last_checkpoint=self.last_checkpoint,
+                preflight=self.preflight,
             )
             return beat, list(self._threads)
 
