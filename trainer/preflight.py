@@ -58,10 +58,6 @@ KERNELS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
 }
 # Where each package's version is recorded (fla ships as fla-core + flash-linear-attention).
 DISTRIBUTIONS = {"fla": ("fla-core", "flash-linear-attention"), "causal_conv1d": ("causal-conv1d",)}
-INSTALL = {
-    "fla": "pip install flash-linear-attention",
-    "causal_conv1d": "pip install --no-build-isolation causal-conv1d",
-}
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:

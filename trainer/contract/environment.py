@@ -25,6 +25,12 @@ from trainer.contract.typed import Invalid, decode
 FAST, SLOW, TORCH = "fast", "slow", "torch"  # LayerPath.path
 MISSING = "missing"  # Environment.fast_kernels: the package is not installed
 BROKEN = "not working"  # … installed, but it does not import or a call on the device failed
+# How to install each fast-kernel package (PyPI names: `flash-linear-attention` brings
+# `fla-core`, which holds fla.ops; causal-conv1d compiles against the torch already there).
+INSTALL = {
+    "fla": "pip install flash-linear-attention",
+    "causal_conv1d": "pip install --no-build-isolation causal-conv1d",
+}
 
 
 @dataclasses.dataclass
@@ -111,7 +117,7 @@ class Environment:
 
     def describe(self) -> str:
         """Compact: "torch 2.13 cu12.8, transformers 5.24, py 3.11, 8× NVIDIA H200, fla 0.4"."""
-        torch_part = f"torch {self.torch or '?'}" + (f" cu{self.cuda}" if self.cuda else " cpu")
+        torch_part = f"torch {self.torch or '?'}" + (f" cu{self.cuda}" if self.cuda else "")
         parts = [torch_part, f"transformers {self.transformers or '?'}"]
         if self.python:
             parts.append(f"py {self.python}")
