@@ -5,11 +5,12 @@ ones. transformers runs the DeltaNet layers with `fla` (chunk_gated_delta_rule) 
 `causal_conv1d` (causal_conv1d_fn) when it can import them, and otherwise falls back to its
 reference PyTorch code, logging one warning: correct, but much slower. That choice is made
 when transformers imports the model's modeling module, so this module asks that module what
-it resolved (transformers 5.2x: each kernel function's wrapper holds `implementation` and
-`is_new_implementation`; older 5.x: `is_fast_path_available` and the kernel functions, None
-when missing; else transformers' own `is_flash_linear_attention_available` /
-`is_causal_conv1d_available`). On a GPU it then calls each kernel the training forward uses
-once, on tiny tensors: an installed kernel that fails there is found before the load.
+it resolved: transformers 5.17 and 5.24 (seen on an H200 and here) wrap each kernel
+function in a closure that holds `implementation` and `is_new_implementation`; an older 5.x
+has `is_fast_path_available` and the kernel functions, None when missing; else this asks
+transformers' own `is_flash_linear_attention_available` / `is_causal_conv1d_available`.
+On a GPU it then calls each kernel the training forward uses once, on tiny tensors: an
+installed kernel that fails there is found before the load.
 
 On a CPU the fast kernels do not apply: the preflight reads the config and the installed
 versions only (no transformers import, well under a second) and says "cpu: torch path".
