@@ -113,6 +113,12 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
     if name in ("kill", "restart", "dump-stacks"):
         p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
+    if name == "runs":
+        p.add_argument(
+            "--env",
+            action="store_true",
+            help="under each run, its environment and fast-kernel path (config.json)",
+        )
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
     return p
@@ -166,15 +172,25 @@ async def _with_link(target: Target, work: Work, follow: str | None = None) -> i
         await link.close()
 
 
-def _fmt_runs(runs: list[RunInfo]) -> str:
-    """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py)."""
+def _fmt_runs(runs: list[RunInfo], env: bool = False) -> str:
+    """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py);
+    a GPU run on a slow kernel fallback is marked. `env`: each run's environment and
+    fast-kernel path under its row (none for a run from before the fingerprint)."""
     from dflash_tui.facts import run_outcome
 
     rows = ["RUN ID                                         STEPS  BEST TOK/S  OUTCOME"]
     for r in runs:
         best = "—" if r.best_tok_s is None else str(round(r.best_tok_s))
         run_id, outcome = sanitize.field(r.run_id), sanitize.field(run_outcome(r).summary)
-        rows.append(f"{run_id[:45]:45s} {r.steps:>6} {best:>11}  {outcome}")
+        slow = r.preflight is not None and r.preflight.device.startswith("cuda")
+        mark = " [slow kernels]" if slow and r.preflight and r.preflight.slow() else ""
+        rows.append(f"{run_id[:45]:45s} {r.steps:>6} {best:>11}  {outcome}{mark}")
+        if env:
+            env_text = r.environment.describe() if r.environment else "—"
+            rows.append(f"    env: {sanitize.field(env_text)}")
+            if r.preflight is not None:
+                kernels = sanitize.field(r.preflight.summary())
+                rows.append(f"    kernels ({sanitize.field(r.preflight.device)}): {kernels}")
     return "\n".join(rows)
 
 
@@ -224,7 +240,8 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 else f"no compile cache at {c.path}"
             )
         elif name == "runs":
-            print(_fmt_runs(await control.list_runs(link, store)))
+            runs = await control.list_runs(link, store)
+            print(_fmt_runs(runs, env=getattr(args, "env", False)))
         return 0
 
     return work

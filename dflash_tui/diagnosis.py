@@ -20,9 +20,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from dflash_tui.facts import expected_memory, phase_comparison, phase_expectation
+from dflash_tui.facts import (
+    expected_memory,
+    faster_environment,
+    phase_comparison,
+    phase_expectation,
+)
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
+from trainer.contract.environment import INSTALL, Preflight
 from trainer.contract.heartbeat import (
     SAVING_CHECKPOINT,
     WAIT_HS_EMPTY,
@@ -937,6 +943,98 @@ def gil_pressure(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     ]
 
 
+def _recent_rates(s: Store, cfg: DiagnosisConfig) -> tuple[list[float], str]:
+    """The last logged steps' tok/s (metrics rows, else step lines, else the heartbeat's)."""
+    n = cfg.rate_samples
+    rates = [v for m in list(s.metrics)[-n:] if (v := finite(m.tok_s)) is not None]
+    if rates:
+        return rates, "logged steps"
+    rates = [x.tok_s for x in list(s.step_lines)[-n:]]
+    if rates:
+        return rates, "step lines"
+    hb = s.heartbeat
+    return ([hb.tok_s], "heartbeat") if hb and hb.tok_s else ([], "")
+
+
+def _preflight(s: Store) -> Preflight | None:
+    """The followed run's fast-kernel preflight: the heartbeat's, else config.json's."""
+    if s.heartbeat is not None and s.heartbeat.preflight is not None:
+        return s.heartbeat.preflight
+    cur = s.current_run()
+    return cur.preflight if cur else None
+
+
+@rule
+def slow_kernels(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The target runs transformers' reference PyTorch code for a layer type whose fast
+    kernels are missing (Gated DeltaNet without fla or causal-conv1d: transformers only logs
+    a warning), or an installed fast kernel failed its tiny call on the GPU. From the
+    trainer's preflight (trainer/preflight.py); a CPU run's torch path is no finding."""
+    pf = _preflight(s)
+    if pf is None or not pf.device.startswith("cuda"):
+        return []
+    bad = pf.slow()
+    if not bad:
+        return []
+    parts, fixes, failing = [], [], False
+    for lp in bad:
+        reasons = []
+        for p in lp.packages:
+            if p.used is False or p.version is None:
+                reasons.append(f"{p.name} {p.error or 'not installed'}")
+                fixes.append(INSTALL.get(p.name, f"pip install {p.distribution or p.name}"))
+            elif p.working is False:
+                failing = True
+                reasons.append(f"{p.name} {p.version} fails on {pf.device}: {p.error}")
+        parts.append(f"{lp.layer_type} ({lp.count} layers, path {lp.path}): {'; '.join(reasons)}")
+    evidence = "; ".join(parts) + (
+        f" (transformers {pf.transformers}, {pf.decided_by})" if pf.transformers else ""
+    )
+    if fixes:
+        title = f"target on the slow torch fallback: {', '.join(lp.layer_type for lp in bad)}"
+        action = (
+            " && ".join(dict.fromkeys(fixes))
+            + " in the trainer's Python, then restart (r); transformers picks them at import"
+        )
+    else:
+        title = "a fast kernel fails on this GPU"
+        action = "install a build of the failing package that matches this torch and GPU"
+    if failing and fixes:
+        action += "; a failing package needs a build that matches this torch and GPU"
+    return [Finding("warning", "slow_kernels", title, evidence, action)]
+
+
+@rule
+def environment_changed(
+    s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """This run trains more slowly than the last earlier comparable run (same config
+    signature, trainer/contract/comparable.py) and its environment differs from that run's:
+    name what differs ("transformers 5.17.0 → 5.24.0, fla missing")."""
+    hb = s.heartbeat
+    if hb is not None and not _live(s, now, cfg, TRAINING):
+        return []
+    rates, _source = _recent_rates(s, cfg)
+    if not rates:
+        return []
+    current = statistics.median(rates)
+    change = faster_environment(s, current, 1.0 + cfg.slow_pct / 100.0)
+    if change is None:
+        return []
+    what = ", ".join(change.differences)
+    before = change.run.environment.describe() if change.run.environment else "?"
+    return [
+        Finding(
+            "warning",
+            "environment_changed",
+            f"environment differs from a faster run: {what}",
+            f"{_rate(current)} tok/s now; run {change.run.run_id} (same config) trained at "
+            f"{_rate(change.tok_s)} tok/s on: {before}",
+            f"put back what differs ({what}), or compare the two runs' config.json run.environment",
+        )
+    ]
+
+
 @rule
 def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """tok/s well below the configured baseline (DiagnosisConfig.baseline_tok_s): the median
@@ -949,14 +1047,7 @@ def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
         return []
     if hb is None and s.ended():
         return []
-    n = cfg.rate_samples
-    rates = [v for m in list(s.metrics)[-n:] if (v := finite(m.tok_s)) is not None]
-    source = "logged steps"
-    if not rates:
-        rates = [x.tok_s for x in list(s.step_lines)[-n:]]
-        source = "step lines"
-    if not rates and hb and hb.tok_s:
-        rates, source = [hb.tok_s], "heartbeat"
+    rates, source = _recent_rates(s, cfg)
     if not rates:
         return []
     current = statistics.median(rates)

@@ -10,6 +10,8 @@ hold, nor the heartbeat pane and `slow_phase` on how long a phase took last time
 - `phase_comparison`: the current visit against the same visit key of those runs that got
   past it; the wait for the target's weights (`loading_target#2`) as whole loads.
 - `run_outcome`: how a listed run ended, in the contract's words (trainer/contract/outcomes.py).
+- `faster_environment`: the last earlier comparable run that trained faster than a rate, and
+  what differs between its environment and this run's (trainer/contract/environment.py).
 
 The GPU that a thread or role runs on is the store's (`Store.gpu_index`, `Store.gpu_roles`).
 """
@@ -149,6 +151,30 @@ def phase_expectation(s: Store, now: float | None = None) -> str | None:
     pane: "compile took 4m12s last time". None when there is nothing to compare with."""
     got = phase_comparison(s, now)
     return got.expectation() if got else None
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentChange:
+    run: RunInfo  # the earlier, faster run
+    tok_s: float  # its best logged tok/s
+    differences: list[str]  # "transformers 5.17.0 → 5.24.0", "fla missing"
+
+
+def faster_environment(s: Store, tok_s: float, factor: float) -> EnvironmentChange | None:
+    """The last earlier comparable run whose best tok/s beat `tok_s` × `factor`, when its
+    environment differs from the followed run's. None when either has no environment
+    (a trainer from before the fingerprint) or nothing differs."""
+    cur = s.current_run()
+    if cur is None or cur.environment is None:
+        return None
+    for r in reversed(earlier_runs(s)):
+        if r.best_tok_s is None or r.best_tok_s <= tok_s * factor:
+            continue
+        if r.environment is None:
+            return None
+        diffs = cur.environment.differences(r.environment)
+        return EnvironmentChange(r, r.best_tok_s, diffs) if diffs else None
+    return None
 
 
 def run_outcome(run: RunInfo) -> Outcome:

@@ -156,6 +156,22 @@ class Run:
         self.meta.update(run_fields)
         atomic_write_json(self.run_dir / "config.json", {**self.cfg.to_dict(), "run": self.meta})
 
+    def _preflight(self, target_path: Path, device: str, keep_layers: int) -> None:
+        """Which fast kernels the target needs and the path it will take, and the
+        environment, into the heartbeat and config.json before the weights load."""
+        from trainer.contract.typed import encode
+        from trainer.preflight import environment, run_preflight
+
+        state = self.state.thread_state
+        state("preflight")
+        pf = run_preflight(target_path, device, keep_layers, note=state)
+        self.state.preflight = pf
+        env = environment(pf)
+        self._update_config_json(environment=encode(env), preflight=encode(pf))
+        if pf.error or pf.slow() or device.startswith("cuda"):
+            self.log.line(f"preflight: {pf.summary() or pf.error} ({pf.seconds:.2f}s)")
+        state("setting up")
+
     def save(self, position: TrainPosition) -> Path:
         s = self.setup
         self.faults.stall_checkpoint()
@@ -235,6 +251,7 @@ class Run:
             progress=self.state.progress,
             load_span=(self.state.target_load_started, self.state.target_load_ended),
             faults=faults,
+            preflight=self._preflight,
         )
         self.state.total_steps = setup.total_steps
         self._report_data(setup)

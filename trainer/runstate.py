@@ -15,6 +15,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from trainer.contract.environment import Preflight
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
@@ -61,6 +62,7 @@ class RunState:
         self.target_load: Span | None = None
         self.last_checkpoint: CheckpointInfo | None = None
         self.exit_code: int | None = None
+        self.preflight: Preflight | None = None  # set once, before the target loads
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
 
@@ -198,6 +200,7 @@ class RunState:
                 data=dataclasses.replace(self.data, padding=self._padding())
                 if self.data is not None
                 else None,
+                preflight=self.preflight,
             )
             return beat, list(self._threads)
 

@@ -191,8 +191,11 @@ def build_run(
     progress: Callable[[int], None] = lambda _d: None,
     load_span: tuple[Callable[[], None], Callable[[], None]] = (lambda: None, lambda: None),
     faults: FaultPlan | None = None,
+    preflight: Callable[[Path, str, int], None] = lambda _p, _d, _k: None,
 ) -> RunSetup:
-    """Check the cheap things first (devices, paths), then tokenize, then load weights."""
+    """Check the cheap things first (devices, paths), then tokenize, then load weights.
+    `preflight(target path, target device, layers kept)` runs once the target's config is
+    known, before anything heavy (trainer/preflight.py)."""
     rt = cfg.runtime
     target_devices = [resolve_device(d, "runtime.targets") for d in rt.targets]
     drafter_devices = [resolve_device(d, "runtime.drafters") for d in rt.drafters]
@@ -205,6 +208,7 @@ def build_run(
     layer_ids = cfg.drafter.target_layer_ids or default_target_layer_ids(
         info.num_layers, cfg.drafter.num_layers
     )
+    preflight(target_path, str(target_devices[0]), max(layer_ids) + 1)
     tokenizer, mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
 
     faults = faults or FaultPlan("")

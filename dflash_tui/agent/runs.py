@@ -17,6 +17,7 @@ from typing import TypeVar
 from dflash_tui.agent.files import tail_text
 from dflash_tui.agent.procs import pid_alive
 from trainer.contract.comparable import signature_of
+from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
@@ -304,6 +305,8 @@ class RunRoot:
             signature=signature_of(config, hb.devices if hb else None) if config else None,
             schema=hb.schema if hb else None,
             unreadable=unreadable,
+            environment=read_environment(config),
+            preflight=read_preflight(config),
         )
 
     def _metrics_summary(self, run_id: str, path: str) -> tuple[float | None, float | None, int]:

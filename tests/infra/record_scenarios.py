@@ -112,6 +112,14 @@ SCENARIOS = [
         [HISTORY, Run(until=_step(60))],
     ),
     Scenario(
+        "fingerprinted",
+        "The demo config trained twice, the second run followed at step 30: each run's "
+        "config.json carries its environment fingerprint and fast-kernel preflight (run."
+        "environment, run.preflight), sent in the runs list; the heartbeat carries the "
+        "preflight.",
+        [HISTORY, Run(until=_step(30))],
+    ),
+    Scenario(
         "crashed_in_thread",
         "An exception in a drafter thread at its 16th batch (DFLASH_FAULT=drafter:15): the "
         "run stops, the traceback is in the heartbeat, exit code 1.",

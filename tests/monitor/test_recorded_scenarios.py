@@ -27,7 +27,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 16
+    assert len(names) == 17
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -39,6 +39,14 @@ def test_healthy():
     s = store(events(rec("healthy")))
     assert s.heartbeat is not None and s.heartbeat.phase == "training"
     assert s.outcome() is None and len(s.metrics) >= 5
+
+
+def test_fingerprinted():
+    """Two runs whose config.json carries the environment and the preflight: the same
+    environment and a CPU run's torch path give no finding, though the second run was 15%
+    slower; recorded on 2 shared cores, its GIL pressure was real. Variations:
+    test_environment.py."""
+    assert codes(run(rec("fingerprinted"))) == ["gil_pressure"]
 
 
 def test_crashed_in_thread():

@@ -11,6 +11,7 @@ describes the files and their versioning; each module here owns one part:
   steplines  the step line: formatter and parser side by side
   outcomes   finished / stopped / crashed / killed / died before start, settled once
   comparable which earlier runs a run may be compared with
+  environment the environment fingerprint and the fast-kernel preflight (config.json `run`)
   telemetry  telemetry.jsonl, the bounded heartbeat history
   protocol   the agent's events and commands, with their client timeouts
   codehash   the trainer's code hash

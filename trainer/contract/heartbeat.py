@@ -11,6 +11,8 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      `target_load` (the span of the weight load that overlaps compiling), `last_checkpoint`,
      `proc_start` (the trainer's start time in clock ticks, /proc/PID/stat field 22: with the
      pid it names the process, whatever reuses the pid later).
+     Later under schema 2 (optional, so no bump: older readers ignore it): `preflight`,
+     the fast-kernel preflight (trainer/contract/environment.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from trainer.contract.environment import Preflight
 from trainer.contract.phases import (
     FINAL_PHASES,
     LOADING_TARGET,
@@ -193,6 +196,7 @@ class Heartbeat:
     last_checkpoint: CheckpointInfo | None = None
     proc_start: int | None = None
     data: DataInfo | None = None  # None: an older trainer, or before the data has loaded
+    preflight: Preflight | None = None  # None: not run yet, or an older trainer
 
     @property
     def process_group(self) -> int:

@@ -19,6 +19,7 @@ import json
 from typing import Any, TypeVar
 
 from trainer.contract.comparable import RunSignature
+from trainer.contract.environment import Environment, Preflight
 from trainer.contract.outcomes import Outcome
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
@@ -119,6 +120,8 @@ class RunInfo:
     signature: RunSignature | None = None
     schema: int | None = None  # the heartbeat's schema
     unreadable: list[str] = dataclasses.field(default_factory=list)  # files that were not
+    environment: Environment | None = None  # config.json run.environment (None: older run)
+    preflight: Preflight | None = None  # config.json run.preflight
 
 
 @dataclasses.dataclass(kw_only=True)
