@@ -967,7 +967,7 @@ def _preflight(s: Store) -> Preflight | None:
 @rule
 def slow_kernels(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The target runs transformers' reference PyTorch code for a layer type whose fast
-    kernels are missing (Gated DeltaNet without fla or causal-conv1d: transformers only logs
+    kernels are missing (Gated DeltaNet without fla; causal-conv1d is optional: transformers logs
     a warning), or an installed fast kernel failed its tiny call on the GPU. From the
     trainer's preflight (trainer/preflight.py); a CPU run's torch path is no finding."""
     pf = _preflight(s)

@@ -57,6 +57,10 @@ KERNELS: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
         ("causal_conv1d", "causal-conv1d", ("causal_conv1d_fn",)),
     ),
 }
+# Packages whose torch fallback costs little: causal_conv1d's is a 4-tap depthwise conv
+# (a few % of a Gated DeltaNet layer), and packed rows use fla's own conv, which takes the
+# documents' boundaries. Missing, they are named in `why`, and the path stays fast.
+OPTIONAL = {"causal_conv1d"}
 # Where each package's version is recorded (fla ships as fla-core + flash-linear-attention).
 DISTRIBUTIONS = {"fla": ("fla-core", "flash-linear-attention"), "causal_conv1d": ("causal-conv1d",)}
 
@@ -229,7 +233,7 @@ def _decide_gpu(
     """Fill `lp` (needing packages) from transformers' decision and a call on `device`."""
     resolved, how = resolved_kernels(module)
     wanted = {f for _n, _d, funcs in KERNELS[lp.layer_type] for f in funcs}
-    missing, failing = [], []
+    missing, failing, optional = [], [], []
     for pkg in lp.packages:
         mine = [r for r in resolved if r.package == pkg.name and r.func in wanted]
         pkg.used = bool(mine) and all(r.used for r in mine)
@@ -246,15 +250,16 @@ def _decide_gpu(
             pkg.working = not errors
             pkg.error = "; ".join(errors)
         if not pkg.used:
-            missing.append(f"{pkg.name} {pkg.error}")
+            (optional if pkg.name in OPTIONAL else missing).append(f"{pkg.name} {pkg.error}")
         elif pkg.working is False:
             failing.append(f"{pkg.name} fails on {device}: {pkg.error}")
     if missing:
         lp.path = SLOW
-        lp.why = "transformers' torch fallback: " + "; ".join(missing)
+        lp.why = "transformers' torch fallback: " + "; ".join(missing + optional)
     else:
         lp.path = FAST
-        lp.why = "; ".join(failing) or "fast kernels in use and working"
+        cheap = [f"{o} (its torch fallback is cheap)" for o in optional]
+        lp.why = "; ".join(failing + cheap) or "fast kernels in use and working"
     return lp, how
 
 
