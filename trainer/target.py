@@ -56,6 +56,7 @@ class TargetInfo:
     rms_norm_eps: float
     rope_theta: float
     tied_embeddings: bool = False
+    max_positions: int | None = None  # max_position_embeddings, where the config says
 
 
 class TargetFeatures(nn.Module):
@@ -111,9 +112,18 @@ class LoadedTarget:
 
 
 def read_target_info(path: Path) -> TargetInfo:
+    """The target's shape from its config.json; a config that cannot be read (or lacks a
+    field) is bad input: a ValueError naming target.path, in one line."""
     from transformers import AutoConfig
 
-    c = AutoConfig.from_pretrained(path)
+    try:
+        return _target_info(AutoConfig.from_pretrained(path))
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ValueError(f"target.path: {str(path)!r}: cannot read its config ({why})") from None
+
+
+def _target_info(c: Any) -> TargetInfo:
     return TargetInfo(
         num_layers=c.num_hidden_layers,
         hidden_size=c.hidden_size,
@@ -125,6 +135,7 @@ def read_target_info(path: Path) -> TargetInfo:
         rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
         rope_theta=_rope_theta(c),
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        max_positions=getattr(c, "max_position_embeddings", None),
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -140,7 +139,8 @@ def resolve_target_path(path: str) -> Path:
             raise ValueError(f"target.path: unknown builtin {path!r} (known: {known})")
         out_dir = cache_dir() / BUILTIN_TARGETS[name]
         if not (out_dir / "config.json").is_file():
-            print(f"target: building {path} into {out_dir} (once)", file=sys.stderr)
+            # stdout: stderr is for errors (bad input is one line there)
+            print(f"target: building {path} into {out_dir} (once)", flush=True)
             build_tiny_target(out_dir)
         return out_dir
     folder = Path(path).expanduser()
