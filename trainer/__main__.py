@@ -27,7 +27,7 @@ from trainer.config import (
     config_from_dict,
     load_config,
     one_line,
-    show,
+    show_path,
 )
 from trainer.fsutil import atomic_write_json
 from trainer.run_dir import create_run_dir, is_run_dir
@@ -72,7 +72,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
     if args.resume is not None:
         parent = args.resume
         saved = read_saved_config(parent)
-        source = f"--resume {show(str(parent / 'config.json'))}"
+        source = f"--resume {show_path(parent / 'config.json')}"
         cfg = load_config(args.config) if args.config else config_from_dict(saved, source)
         # Overrides go on top of whichever config the run resumes with.
         apply_overrides(cfg, overrides)
@@ -85,7 +85,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
 
 def read_saved_config(parent: Path) -> Any:
     """A run dir's config.json, as JSON; anything unreadable is one ConfigError line."""
-    where = f"--resume {show(str(parent))}"
+    where = f"--resume {show_path(parent)}"
     try:
         raw = (parent / "config.json").read_bytes()
     except FileNotFoundError:
@@ -125,9 +125,9 @@ def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
             return create_run_dir(args.run_root, cfg.name)
         except OSError as e:
             why = e.strerror or str(e)
-            raise ConfigError(f"--run-root {show(str(args.run_root))}: {why}") from None
+            raise ConfigError(f"--run-root {show_path(args.run_root)}: {why}") from None
     run_dir: Path = args.run_dir
-    where = f"--run-dir {show(str(run_dir))}"
+    where = f"--run-dir {show_path(run_dir)}"
     if is_run_dir(run_dir):
         raise ConfigError(f"{where}: already holds a run (run dirs are never reused)")
     if run_dir.exists() and not run_dir.is_dir():
@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 
             checkpoint = latest_checkpoint(args.resume)
             if checkpoint is None:
-                raise ConfigError(f"--resume {show(str(args.resume))}: no checkpoint in it")
+                raise ConfigError(f"--resume {show_path(args.resume)}: no checkpoint in it")
             if not zipfile.is_zipfile(checkpoint):  # torch.save writes a zip archive
-                raise ConfigError(f"--resume: {show(str(checkpoint))} is not a torch checkpoint")
+                raise ConfigError(f"--resume: {show_path(checkpoint)} is not a torch checkpoint")
             meta["checkpoint"] = str(checkpoint.resolve())
         configure_compile_cache(compile_cache_dir(cfg))
         run_dir = prepare_run_dir(args, cfg)

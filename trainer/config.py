@@ -194,8 +194,9 @@ def show(value: Any, depth: int = 0) -> str:
         text = str(value) if value.bit_length() < 200 else f"<a {value.bit_length()}-bit integer>"
     elif isinstance(value, float):
         text = "nan" if math.isnan(value) else repr(value)
-    elif isinstance(value, str):
-        text = json.dumps(value[:200])
+    elif isinstance(value, str):  # paths among them: shown whole up to 300 characters
+        text = json.dumps(value[:300])
+        return text if len(text) <= 300 else text[:297] + "..."
     elif isinstance(value, list):
         if depth >= 3:
             return "[...]"
@@ -206,6 +207,12 @@ def show(value: Any, depth: int = 0) -> str:
     else:  # TOML dates and times
         text = json.dumps(str(value)[:200]).strip('"')
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def show_path(path: str | Path) -> str:
+    """A path quoted and escaped, whole up to 300 characters (then its end, which names it)."""
+    text = json.dumps(str(path))
+    return text if len(text) <= 300 else '"...' + text[-297:]
 
 
 def show_key(key: str) -> str:
@@ -337,6 +344,9 @@ def validate(cfg: Config) -> None:
         raise bad_value("data.seq_buckets", buckets, "needs at least one length")
     if buckets != sorted(set(buckets)):
         raise bad_value("data.seq_buckets", buckets, "must be strictly increasing")
+    if t.num_anchors > buckets[-1]:
+        rule = f"must be at most the longest data.seq_buckets ({buckets[-1]})"
+        raise bad_value("train.num_anchors", t.num_anchors, rule)
     if d.block_size > buckets[-1]:
         rule = f"must be at most the longest data.seq_buckets ({buckets[-1]})"
         raise bad_value("drafter.block_size", d.block_size, rule)
@@ -377,12 +387,15 @@ def check_target_fit(cfg: Config, target: TargetShape, default_layer_ids: list[i
         if max(d.target_layer_ids) > top:
             rule = f"the target has layers 0..{top}"
             raise bad_value("drafter.target_layer_ids", d.target_layer_ids, rule)
-    elif len(set(default_layer_ids)) != len(default_layer_ids) or not all(
-        0 <= i <= top for i in default_layer_ids
+    elif (
+        len(default_layer_ids) != d.num_layers
+        or len(set(default_layer_ids)) != len(default_layer_ids)
+        or not all(0 <= i <= top for i in default_layer_ids)
     ):
+        spread = f" (it would read {show(default_layer_ids)})" if default_layer_ids else ""
         rule = (
-            f"too many for the target's {target.num_layers} layers (DFlash's spread would"
-            f" read {show(default_layer_ids)}); set drafter.target_layer_ids"
+            f"too many for DFlash's default spread over the target's {target.num_layers}"
+            f" layers{spread}; set drafter.target_layer_ids"
         )
         raise bad_value("drafter.num_layers", d.num_layers, rule)
     heads = d.num_heads or target.num_heads
@@ -416,7 +429,7 @@ def check_mask_token(cfg: Config, mask_id: int, vocab_size: int) -> None:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    name = show(str(path))
+    name = show_path(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

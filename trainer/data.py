@@ -197,9 +197,12 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str, **kwargs: Any) -> A
 
 def _decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        # Decoded here: json.loads(bytes) would guess UTF-16/32 from NUL bytes.
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise _Skip("invalid UTF-8") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError:
         raise _Skip("invalid JSON") from None
     except ValueError:  # CPython refuses to convert an integer of over 4300 digits

@@ -194,7 +194,11 @@ def build_run(
     data_path = resolve_data_path(cfg.data.path)
     target_path = resolve_target_path(cfg.target.path)
     info = read_target_info(target_path)
-    default_ids = default_target_layer_ids(info.num_layers, cfg.drafter.num_layers)
+    n_draft = cfg.drafter.num_layers
+    # DFlash's spread reads one target layer per drafter layer: none for more than the target has.
+    default_ids = (
+        default_target_layer_ids(info.num_layers, n_draft) if n_draft <= info.num_layers else []
+    )
     check_target_fit(cfg, info, default_ids)  # bad input exits 2 here, before data or models
     layer_ids = cfg.drafter.target_layer_ids or default_ids
     tokenizer, mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
