@@ -14,16 +14,33 @@ import os
 import socket
 import sys
 import time
+import typing
+import zipfile
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config, ConfigError, apply_overrides, config_from_dict, load_config
+from trainer.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    bad_value,
+    config_from_dict,
+    load_config,
+    one_line,
+    show_path,
+)
 from trainer.fsutil import atomic_write_json
 from trainer.run_dir import create_run_dir, is_run_dir
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        """One line and exit 2, like every other bad input (argparse adds a usage line)."""
+        self.exit(2, f"error: {one_line(message)} (see python -m trainer --help)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    p = _Parser(prog="python -m trainer", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, help="TOML config (see trainer/configs/)")
     p.add_argument("--run-root", type=Path, default=Path("runs"), help="parent of run dirs")
     p.add_argument(
@@ -54,13 +71,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
     meta: dict[str, Any] = {}
     if args.resume is not None:
         parent = args.resume
-        try:
-            saved = json.loads((parent / "config.json").read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"--resume {parent}: no config.json (not a run dir)") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--resume {parent}/config.json: not valid JSON ({e})") from None
-        cfg = load_config(args.config) if args.config else config_from_dict(saved)
+        saved = read_saved_config(parent)
+        source = f"--resume {show_path(parent / 'config.json')}"
+        cfg = load_config(args.config) if args.config else config_from_dict(saved, source)
         # Overrides go on top of whichever config the run resumes with.
         apply_overrides(cfg, overrides)
         meta["parent"] = str(parent.resolve())
@@ -68,6 +81,22 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
     if args.config is None:
         raise ConfigError("--config is required (or --resume RUN_DIR)")
     return load_config(args.config, overrides), meta
+
+
+def read_saved_config(parent: Path) -> Any:
+    """A run dir's config.json, as JSON; anything unreadable is one ConfigError line."""
+    where = f"--resume {show_path(parent)}"
+    try:
+        raw = (parent / "config.json").read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no config.json (not a run dir)") from None
+    except OSError as e:  # a directory, a file given as RUN_DIR, no permission
+        raise ConfigError(f"{where}: cannot read config.json ({e.strerror or e})") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, an int over 4300 digits
+        why = one_line(str(e)) if isinstance(e, ValueError) else "nested too deep"
+        raise ConfigError(f"{where}: config.json is not valid JSON ({why})") from None
 
 
 def compile_cache_dir(cfg: Config) -> Path:
@@ -81,18 +110,32 @@ def compile_cache_dir(cfg: Config) -> Path:
 def configure_compile_cache(cache_dir: Path) -> None:
     """Inductor and Triton caches in a stable folder outside the run dir, so a restart
     reuses compiled kernels. Set before torch is imported."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        rule = f"cannot create the folder ({e.strerror or e})"
+        raise bad_value("runtime.compile_cache_dir", str(cache_dir), rule) from None
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
 
 
 def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
     if args.run_dir is None:
-        return create_run_dir(args.run_root, cfg.name)
+        try:
+            return create_run_dir(args.run_root, cfg.name)
+        except OSError as e:
+            why = e.strerror or str(e)
+            raise ConfigError(f"--run-root {show_path(args.run_root)}: {why}") from None
     run_dir: Path = args.run_dir
+    where = f"--run-dir {show_path(run_dir)}"
     if is_run_dir(run_dir):
-        raise ConfigError(f"--run-dir {run_dir}: already holds a run (run dirs are never reused)")
-    run_dir.mkdir(parents=True, exist_ok=True)
+        raise ConfigError(f"{where}: already holds a run (run dirs are never reused)")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"{where}: exists and is not a directory")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot create it ({e.strerror or e})") from None
     return run_dir
 
 
@@ -107,11 +150,14 @@ def main(argv: list[str] | None = None) -> int:
 
             checkpoint = latest_checkpoint(args.resume)
             if checkpoint is None:
-                raise ConfigError(f"--resume {args.resume}: no checkpoint in it")
+                raise ConfigError(f"--resume {show_path(args.resume)}: no checkpoint in it")
+            if not zipfile.is_zipfile(checkpoint):  # torch.save writes a zip archive
+                raise ConfigError(f"--resume: {show_path(checkpoint)} is not a torch checkpoint")
             meta["checkpoint"] = str(checkpoint.resolve())
+        configure_compile_cache(compile_cache_dir(cfg))
         run_dir = prepare_run_dir(args, cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
 
     meta.update(
@@ -125,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(run_dir / "config.json", {**cfg.to_dict(), "run": meta})
     print(f"run dir: {run_dir}", flush=True)
 
-    configure_compile_cache(compile_cache_dir(cfg))
     from trainer.run import run_training  # imports torch: after the cache is configured
 
     return run_training(cfg, run_dir, meta, checkpoint)

@@ -1,24 +1,29 @@
 """Typed trainer configuration: TOML file + `section.key=value` overrides from the CLI.
 
-Every key is declared in a dataclass below; anything else is refused with a one-line
-error naming the key, so a typo never silently trains with a default.
+Every key is declared in a dataclass below, and every number has a rule (`_RULES`);
+anything else is refused before anything is loaded, with one line naming the key, the
+value and the rule (`config: drafter.num_heads = -2: must be a positive integer, ...`), so
+a typo never silently trains with a default and a bad value never reaches the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 class ConfigError(ValueError):
-    """A bad config key or value; the message is one line and names the key."""
+    """A bad config file, key or value; the message is one line and names it."""
 
 
 @dataclass
@@ -137,67 +142,177 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 # Device lists accept bare GPU indices (targets = [0, 1, 2]) as TOML ints.
 _DEVICE_KEYS = ("runtime.targets", "runtime.drafters")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_INT64_MAX = 2**63 - 1
+
+_POSITIVE_INT = "must be a positive integer"
+_NON_NEGATIVE_INT = "must be a non-negative integer"
+_TARGETS_OR_POSITIVE = "must be a positive integer, or 0 for the target's"
+
+# Every number in the config has a rule, checked before anything is loaded or built: the
+# test of this module fails for a numeric key without one. `[]` is each item of a list.
+# Ints must also fit in 64 bits and floats must be finite; those are checked for all.
+_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "drafter.num_layers": (lambda v: v >= 1, _POSITIVE_INT),
+    "drafter.block_size": (lambda v: v >= 2, "must be an integer >= 2"),
+    "drafter.target_layer_ids[]": (lambda v: v >= 0, "must be a non-negative layer index"),
+    "drafter.intermediate_size": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
+    "drafter.num_heads": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
+    "drafter.num_kv_heads": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
+    "drafter.head_dim": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
+    "data.seq_buckets[]": (lambda v: v >= 2, "must be an integer >= 2"),
+    "train.batch_size": (lambda v: v >= 1, _POSITIVE_INT),
+    "train.num_anchors": (lambda v: v >= 1, _POSITIVE_INT),
+    "train.lr": (lambda v: v > 0, "must be a positive number"),
+    "train.min_lr_ratio": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "train.warmup_steps": (lambda v: v >= 0, _NON_NEGATIVE_INT),
+    "train.weight_decay": (lambda v: v >= 0, "must be a non-negative number"),
+    "train.grad_clip": (lambda v: v >= 0, "must be a non-negative number (0 = no clipping)"),
+    "train.betas[]": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "train.gamma": (lambda v: v >= 0, "must be a non-negative number (0 = DFlash's value)"),
+    "train.loss_chunk_blocks": (lambda v: v >= 1, _POSITIVE_INT),
+    "train.topk": (lambda v: v >= 1, _POSITIVE_INT),
+    "train.noise_start": (lambda v: v >= 0, "must be a non-negative number"),
+    "train.noise_end": (lambda v: v >= 0, "must be a non-negative number"),
+    "train.max_steps": (lambda v: v >= 0, "must be a non-negative integer (0 = train.epochs)"),
+    "train.epochs": (lambda v: v > 0, "must be a positive number"),
+    "train.seed": (lambda v: v >= 0, _NON_NEGATIVE_INT),
+    "train.log_every": (lambda v: v >= 1, _POSITIVE_INT),
+    "train.checkpoint_every": (lambda v: v >= 0, "must be a non-negative integer (0 = at the end)"),
+    "runtime.prefetch_threads": (
+        lambda v: 0 <= v <= 64,
+        "must be 0 (one per target) to 64",
+    ),
+    "runtime.q_pre_size": (lambda v: v >= 1, _POSITIVE_INT),
+    "runtime.q_hs_size": (lambda v: v >= 1, _POSITIVE_INT),
+    "runtime.heartbeat_interval": (lambda v: 0 < v <= 2, "must be in (0, 2] seconds"),
+}
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Check `value` against the field's type; ints are accepted where floats are."""
+def show(value: Any, depth: int = 0) -> str:
+    """A value as a one-line, bounded, ASCII text, written as in TOML where it can be."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, int):
+        # str() of an int over 4300 digits raises (CPython's conversion limit).
+        text = str(value) if value.bit_length() < 200 else f"<a {value.bit_length()}-bit integer>"
+    elif isinstance(value, float):
+        text = "nan" if math.isnan(value) else repr(value)
+    elif isinstance(value, str):  # paths among them: shown whole up to 300 characters
+        text = json.dumps(value[:300])
+        return text if len(text) <= 300 else text[:297] + "..."
+    elif isinstance(value, list):
+        if depth >= 3:
+            return "[...]"
+        text = "[" + ", ".join(show(v, depth + 1) for v in value[:8])
+        text += ", ...]" if len(value) > 8 else "]"
+    elif isinstance(value, dict):
+        text = "{...}" if value else "{}"
+    else:  # TOML dates and times
+        text = json.dumps(str(value)[:200]).strip('"')
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def show_path(path: str | Path) -> str:
+    """A path quoted and escaped, whole up to 300 characters (then its end, which names it)."""
+    text = json.dumps(str(path))
+    return text if len(text) <= 300 else '"...' + text[-297:]
+
+
+def show_key(key: str) -> str:
+    """A key as typed, or quoted when it holds anything but a plain dotted name."""
+    return key if re.fullmatch(r"[A-Za-z0-9_.\[\]-]{1,80}", key) else show(key)
+
+
+def bad_value(key: str, value: Any, rule: str) -> ConfigError:
+    """The one line every bad value gets: `config: drafter.num_heads = -2: must be ...`."""
+    return ConfigError(f"config: {show_key(key)} = {show(value)}: {rule}")
+
+
+def _check_number(key: str, rule_key: str, value: int | float) -> None:
+    """The checks every number gets (64 bits, finite), then its key's rule."""
+    if isinstance(value, int) and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise bad_value(key, value, "must fit in a 64-bit integer")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_value(key, value, "must be a finite number")
+    check, rule = _RULES[rule_key]
+    if not check(value):
+        raise bad_value(key, value, rule)
+
+
+def _coerce(key: str, value: Any, annotation: Any, rule_key: str | None = None) -> Any:
+    """Check `value` against the field's type and rule; ints are accepted where floats are."""
+    rule_key = rule_key or key
     origin = typing.get_origin(annotation)
     if key in _DEVICE_KEYS:
         return _devices(key, value)
     if origin is list:
         (item_type,) = typing.get_args(annotation)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(f"{key}[{i}]", v, item_type) for i, v in enumerate(value)]
+            raise bad_value(key, value, "expected a list")
+        return [_coerce(f"{key}[{i}]", v, item_type, f"{rule_key}[]") for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
         raise AssertionError(f"{key}: union types are not used in the config")
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+            raise bad_value(key, value, "expected true or false")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise bad_value(key, value, "expected an integer")
+        _check_number(key, rule_key, value)
         return value
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise bad_value(key, value, "expected a number")
+        _check_number(key, rule_key, value)  # the value as written, in the message
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise bad_value(key, value, "expected a string")
+        if "\0" in value or _has_surrogate(value):
+            raise bad_value(key, value, "must be text without NUL bytes or lone surrogates")
         choices = _CHOICES.get(key)
         if choices and value not in choices:
-            raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+            raise bad_value(key, value, f"expected one of {', '.join(choices)}")
         return value
     raise AssertionError(f"{key}: unsupported annotation {annotation!r}")
 
 
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _devices(key: str, value: Any) -> list[str]:
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"{key}: expected a non-empty list of devices, got {value!r}")
+        raise bad_value(key, value, "expected a non-empty list of devices")
     out = []
-    for v in value:
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+    for i, v in enumerate(value):
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1023:
             out.append(f"cuda:{v}")
         elif isinstance(v, str) and _DEVICE.match(v):
             out.append(v)
         else:
-            raise ConfigError(f"{key}: {v!r} is not a device (cpu, cuda:N, N or auto)")
+            raise bad_value(f"{key}[{i}]", v, "not a device (cpu, cuda:N, N or auto)")
     return out
 
 
 def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
     hints = typing.get_type_hints(type(obj))
-    names = {f.name for f in dataclasses.fields(obj)}
+    names = [f.name for f in dataclasses.fields(obj)]
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key {full!r}")
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            raise bad_value(full, value, f"unknown key{hint}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{full}: expected a [{full}] table, got {value!r}")
+                raise bad_value(full, value, f"expected a [{full}] table")
             _apply(current, value, f"{full}.")
         else:
             setattr(obj, key, _coerce(full, value, hints[key]))
@@ -205,13 +320,13 @@ def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
-        raise ConfigError(f"override {text!r}: expected section.key=value")
+        raise ConfigError(f"config: --set {show(text)}: expected section.key=value")
     key, raw = text.split("=", 1)
     key = key.strip()
     try:
         # TOML syntax for the value: 3, 1e-4, true, "x", [1, 2]; bare words are strings.
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):  # TOMLDecodeError, or an int over 4300 digits
         value = raw
     return key.split("."), value
 
@@ -224,42 +339,134 @@ def _nest(path: list[str], value: Any) -> dict[str, Any]:
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks that a single type cannot express."""
-    if cfg.drafter.block_size < 2:
-        raise ConfigError("drafter.block_size: must be at least 2")
-    if cfg.drafter.num_layers < 1:
-        raise ConfigError("drafter.num_layers: must be at least 1")
-    if not cfg.data.seq_buckets or any(b < 2 for b in cfg.data.seq_buckets):
-        raise ConfigError("data.seq_buckets: needs at least one length >= 2")
-    if cfg.data.seq_buckets != sorted(set(cfg.data.seq_buckets)):
-        raise ConfigError("data.seq_buckets: must be strictly increasing")
-    for key in ("batch_size", "num_anchors", "loss_chunk_blocks", "topk", "log_every"):
-        if getattr(cfg.train, key) < 1:
-            raise ConfigError(f"train.{key}: must be at least 1")
-    if cfg.train.lr <= 0:
-        raise ConfigError("train.lr: must be positive")
-    if len(cfg.train.betas) != 2:
-        raise ConfigError("train.betas: expected two numbers")
-    r = cfg.runtime
-    for key in ("q_pre_size", "q_hs_size"):
-        if getattr(r, key) < 1:
-            raise ConfigError(f"runtime.{key}: must be at least 1")
-    if r.prefetch_threads < 0:
-        raise ConfigError("runtime.prefetch_threads: must be 0 (one per target) or more")
-    if not 0 < r.heartbeat_interval <= 2:
-        raise ConfigError("runtime.heartbeat_interval: must be in (0, 2] seconds")
+    """Cross-field checks that a single key's rule cannot express (each key's own rule was
+    checked as it was set)."""
+    d, t = cfg.drafter, cfg.train
+    buckets = cfg.data.seq_buckets
+    if not buckets:
+        raise bad_value("data.seq_buckets", buckets, "needs at least one length")
+    if buckets != sorted(set(buckets)):
+        raise bad_value("data.seq_buckets", buckets, "must be strictly increasing")
+    if t.num_anchors > buckets[-1]:
+        rule = f"must be at most the longest data.seq_buckets ({buckets[-1]})"
+        raise bad_value("train.num_anchors", t.num_anchors, rule)
+    if d.block_size > buckets[-1]:
+        rule = f"must be at most the longest data.seq_buckets ({buckets[-1]})"
+        raise bad_value("drafter.block_size", d.block_size, rule)
+    if len(set(d.target_layer_ids)) != len(d.target_layer_ids):
+        raise bad_value("drafter.target_layer_ids", d.target_layer_ids, "has duplicates")
+    for key in ("target.path", "data.path", "drafter.mask_token"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not value.strip():
+            raise bad_value(key, value, "must not be empty")
+    if len(t.betas) != 2:
+        raise bad_value("train.betas", t.betas, "expected two numbers")
+    if d.head_dim % 2:
+        raise bad_value("drafter.head_dim", d.head_dim, "must be even (RoPE rotates pairs)")
+    if d.num_heads and d.num_kv_heads and d.num_heads % d.num_kv_heads:
+        rule = f"must be a multiple of drafter.num_kv_heads ({d.num_kv_heads})"
+        raise bad_value("drafter.num_heads", d.num_heads, rule)
+
+
+class TargetShape(Protocol):
+    """What the config is checked against once the target's config.json is read."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int | None
+
+
+def check_target_fit(cfg: Config, target: TargetShape, default_layer_ids: list[int]) -> None:
+    """The checks that need the target's shape: before any data is read or model is built.
+
+    `default_layer_ids`: DFlash's spread for this target, used when target_layer_ids is empty."""
+    d = cfg.drafter
+    top = target.num_layers - 1
+    if d.target_layer_ids:
+        if max(d.target_layer_ids) > top:
+            rule = f"the target has layers 0..{top}"
+            raise bad_value("drafter.target_layer_ids", d.target_layer_ids, rule)
+    elif (
+        len(default_layer_ids) != d.num_layers
+        or len(set(default_layer_ids)) != len(default_layer_ids)
+        or not all(0 <= i <= top for i in default_layer_ids)
+    ):
+        spread = f" (it would read {show(default_layer_ids)})" if default_layer_ids else ""
+        rule = (
+            f"too many for DFlash's default spread over the target's {target.num_layers}"
+            f" layers{spread}; set drafter.target_layer_ids"
+        )
+        raise bad_value("drafter.num_layers", d.num_layers, rule)
+    heads = d.num_heads or target.num_heads
+    kv_heads = d.num_kv_heads or target.num_kv_heads
+    if heads % kv_heads:
+        key, value = (
+            ("drafter.num_heads", d.num_heads)
+            if d.num_heads
+            else ("drafter.num_kv_heads", d.num_kv_heads)
+        )
+        rule = f"{heads} query heads must be a multiple of {kv_heads} key/value heads"
+        if not d.num_heads:
+            rule += f" (the target has {target.num_heads} heads)"
+        raise bad_value(key, value, rule)
+    head_dim = d.head_dim or target.head_dim
+    if head_dim % 2:
+        raise bad_value("drafter.head_dim", d.head_dim, f"{head_dim} is odd (RoPE rotates pairs)")
+    longest = cfg.data.seq_buckets[-1]
+    if target.max_positions is not None and longest > target.max_positions:
+        rule = f"{longest} is beyond the target's {target.max_positions} positions"
+        raise bad_value("data.seq_buckets", cfg.data.seq_buckets, rule)
+
+
+def check_mask_token(cfg: Config, mask_id: int, vocab_size: int) -> None:
+    if mask_id >= vocab_size:
+        rule = (
+            f"its id {mask_id} is outside the target's {vocab_size}-row embedding;"
+            " use a token the tokenizer reserves"
+        )
+        raise bad_value("drafter.mask_token", cfg.drafter.mask_token, rule)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    name = show_path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"config: file {name}: not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config: file {name}: is a directory") from None
+    except OSError as e:
+        raise ConfigError(f"config: file {name}: cannot read it ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: file {name}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: file {name}: not TOML ({one_line(str(e))})") from None
+    except ValueError as e:  # an integer over 4300 digits
+        raise ConfigError(f"config: file {name}: not TOML ({one_line(str(e))})") from None
+    except RecursionError:
+        raise ConfigError(f"config: file {name}: not TOML (nested too deep)") from None
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """The first line of a message, bounded: what an error line carries."""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     cfg = Config()
     if path is not None:
         p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(p)!r} not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {str(p)!r}: {e}") from None
+        data = _read_toml(p)
         if "name" not in data:
             data["name"] = p.stem
         _apply(cfg, data, "")
@@ -275,8 +482,10 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
-def config_from_dict(data: dict[str, Any]) -> Config:
+def config_from_dict(data: Any, source: str = "config") -> Config:
     """Rebuild a config saved with `to_dict` (config.json of a run dir; its "run" is metadata)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {source}: expected a JSON object, got {show(data)}")
     cfg = Config()
     _apply(cfg, {k: v for k, v in data.items() if k != "run"}, "")
     validate(cfg)

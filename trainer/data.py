@@ -1,7 +1,10 @@
 """Training data: JSONL → tokenized samples with a loss mask → fixed-shape padded batches.
 
-Loading never stops at a bad line: it is skipped, counted and warned about (with its line
-number), and only a file with no usable sample at all is an error. Batching is bucketed
+Loading never stops at a bad line, however pathological (invalid UTF-8 or JSON, NUL bytes,
+nesting 100,000 deep, a 5,000-digit number, the wrong types, text the tokenizer refuses,
+token ids outside the target's vocabulary): it is skipped, counted and warned about as
+`data: FILE:LINE: skipped (why)` (the first MAX_WARNINGS), with one summary line, and only a
+file with no usable sample at all is an error. Batching is bucketed
 and every batch has exactly `batch_size` rows so compiled kernels see static shapes.
 Everything here is pure and thread-safe, for the prefetch workers.
 """
@@ -75,6 +78,18 @@ class _Skip(Exception):
     """A line is unusable; the message is the reason shown to the user."""
 
 
+def _reason(text: str) -> str:
+    """A skip reason as one bounded line: reasons are counted by their text."""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else "?"
+    return first if len(first) <= 120 else first[:117] + "..."
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _warn_stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
@@ -105,7 +120,7 @@ def _messages(record: dict[str, Any]) -> list[dict[str, str]]:
         raw_role = turn.get("role", turn.get("from"))
         content = turn.get("content", turn.get("value"))
         if not isinstance(raw_role, str) or raw_role.lower() not in ROLE_ALIASES:
-            raise _Skip(f"unknown role {raw_role!r}")
+            raise _Skip(f"unknown role {_shown(raw_role)}")
         if not isinstance(content, str) or not content.strip():
             raise _Skip("empty content")
         messages.append({"role": ROLE_ALIASES[raw_role.lower()], "content": content})
@@ -150,7 +165,7 @@ def _chat_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> 
         raise _Skip("chat template did not render text")
     spans = _assistant_spans(text, messages)
     # The template already wrote any BOS into the text, so add no specials again.
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    enc = _tokenize(tokenizer, text, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[int] = enc["input_ids"]
     offsets: list[tuple[int, int]] = enc["offset_mapping"]
     mask = [0] * len(ids)
@@ -173,15 +188,43 @@ def _text_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> 
     text = record["text"]
     if not isinstance(text, str) or not text.strip():
         raise _Skip("empty text")
-    ids: list[int] = tokenizer(text)["input_ids"]
+    ids: list[int] = _tokenize(tokenizer, text)["input_ids"]
     return Sample(input_ids=ids, loss_mask=[1] * len(ids))
 
 
-def _parse_line(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sample:
+def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str, **kwargs: Any) -> Any:
     try:
-        record = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        return tokenizer(text, **kwargs)
+    except Exception as e:  # lone surrogates and the like: the tokenizer's own errors
+        raise _Skip(f"the tokenizer refused the text ({type(e).__name__})") from e
+
+
+def _decode_json(raw: bytes) -> Any:
+    try:
+        # Decoded here: json.loads(bytes) would guess UTF-16/32 from NUL bytes.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise _Skip("invalid UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
         raise _Skip("invalid JSON") from None
+    except ValueError:  # CPython refuses to convert an integer of over 4300 digits
+        raise _Skip("invalid JSON (a number too long)") from None
+    except RecursionError:
+        raise _Skip("invalid JSON (nested too deep)") from None
+
+
+def _check_ids(sample: Sample, vocab_size: int | None) -> None:
+    bad = [i for i in sample.input_ids if not isinstance(i, int) or i < 0]
+    if vocab_size is not None:
+        bad += [i for i in sample.input_ids if isinstance(i, int) and i >= vocab_size]
+    if bad:
+        raise _Skip(f"token id {_shown(bad[0])} outside the target's vocabulary ({vocab_size})")
+
+
+def _parse_line(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sample:
+    record = _decode_json(raw)
     if not isinstance(record, dict):
         raise _Skip("not a JSON object")
     kind = fmt
@@ -207,8 +250,11 @@ def load_samples(
     fmt: str = "auto",
     max_len: int = 2048,
     warn: Callable[[str], None] = _warn_stderr,
+    vocab_size: int | None = None,
 ) -> tuple[list[Sample], LoadReport]:
-    """Tokenize every usable line of a JSONL file; bad lines are skipped and reported."""
+    """Tokenize every usable line of a JSONL file; bad lines are skipped and reported.
+
+    `vocab_size`: the target's embedding rows; a sample with a token id beyond is skipped."""
     if fmt not in ("auto", "sharegpt", "text"):
         raise ValueError(f"data.format: expected auto, sharegpt or text, got {fmt!r}")
     if fmt != "text" and not getattr(tokenizer, "is_fast", False):
@@ -231,6 +277,7 @@ def load_samples(
         lines += 1
         try:
             sample = _parse_line(raw, tokenizer, fmt)
+            _check_ids(sample, vocab_size)
             cut = max(0, len(sample.input_ids) - max_len)
             if cut:
                 sample = Sample(sample.input_ids[:max_len], sample.loss_mask[:max_len])
@@ -239,7 +286,7 @@ def load_samples(
             if not any(sample.loss_mask):
                 raise _Skip(f"no loss token within the first {max_len} tokens")
         except _Skip as skip:
-            reason = str(skip)
+            reason = _reason(str(skip))
             reasons[reason] += 1
             if sum(reasons.values()) <= MAX_WARNINGS:
                 warn(f"data: {path}:{line_no}: skipped ({reason})")
@@ -250,6 +297,10 @@ def load_samples(
     skipped = sum(reasons.values())
     if skipped > MAX_WARNINGS:
         warn(f"data: {path}: {skipped - MAX_WARNINGS} more lines skipped (warnings stop at 20)")
+    if skipped:
+        most = ", ".join(f"{why}: {n}" for why, n in reasons.most_common(3))
+        more = f", {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+        warn(f"data: {path}: skipped {skipped} of {lines} lines ({most}{more})")
     report = LoadReport(
         lines=lines,
         samples=len(samples),

@@ -233,7 +233,9 @@ def _decide_gpu(
     """Fill `lp` (needing packages) from transformers' decision and a call on `device`."""
     resolved, how = resolved_kernels(module)
     wanted = {f for _n, _d, funcs in KERNELS[lp.layer_type] for f in funcs}
-    missing, failing, optional = [], [], []
+    missing: list[str] = []
+    failing: list[str] = []
+    optional: list[str] = []
     for pkg in lp.packages:
         mine = [r for r in resolved if r.package == pkg.name and r.func in wanted]
         pkg.used = bool(mine) and all(r.used for r in mine)

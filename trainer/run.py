@@ -21,7 +21,7 @@ import torch
 
 import trainer
 from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
-from trainer.config import Config, ConfigError
+from trainer.config import Config, ConfigError, one_line
 from trainer.contract.codehash import code_hash
 from trainer.contract.heartbeat import DataInfo, DeviceId, ErrorInfo, WandbInfo
 from trainer.contract.phases import (
@@ -199,8 +199,8 @@ class Run:
             code, wandb = self._execute(checkpoint)
         except BAD_INPUT as e:
             self.state.fail(e)
-            self.log.line(f"error: {e}")
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            self.log.line(f"error: {one_line(str(e))}")
+            print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
             code = EXIT_BAD_INPUT
         except BaseException as e:
             self.state.fail(e)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
-from trainer.config import Config
+from trainer.config import Config, check_mask_token, check_target_fit
 from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
 from trainer.data import (
     LoadReport,
@@ -205,17 +205,27 @@ def build_run(
     data_path = resolve_data_path(cfg.data.path)
     target_path = resolve_target_path(cfg.target.path)
     info = read_target_info(target_path)
-    layer_ids = cfg.drafter.target_layer_ids or default_target_layer_ids(
-        info.num_layers, cfg.drafter.num_layers
+    n_draft = cfg.drafter.num_layers
+    # DFlash's spread reads one target layer per drafter layer: none for more than the target has.
+    default_ids = (
+        default_target_layer_ids(info.num_layers, n_draft) if n_draft <= info.num_layers else []
     )
+    check_target_fit(cfg, info, default_ids)  # bad input exits 2 here, before data or models
+    layer_ids = cfg.drafter.target_layer_ids or default_ids
     preflight(target_path, str(target_devices[0]), max(layer_ids) + 1)
     tokenizer, mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
+    check_mask_token(cfg, mask_id, info.vocab_size)
 
     faults = faults or FaultPlan("")
     phase(LOADING_DATA)
     time.sleep(faults.slow_s("data"))  # DFLASH_FAULT=slow:data:S
     samples, report = load_samples(
-        data_path, tokenizer, cfg.data.format, max(cfg.data.seq_buckets), warn=warn
+        data_path,
+        tokenizer,
+        cfg.data.format,
+        max(cfg.data.seq_buckets),
+        warn=warn,
+        vocab_size=info.vocab_size,
     )
     count = packed_batches_per_epoch if cfg.data.packing else batches_per_epoch
     per_epoch = count(samples, cfg.data.seq_buckets, cfg.train.batch_size)

@@ -65,6 +65,7 @@ class TargetInfo:
     tied_embeddings: bool = False
     model_type: str = "qwen3"  # of the text model: "qwen3" or "qwen3_5_text"
     layer_types: tuple[str, ...] = ()  # "full_attention" / "linear_attention", when hybrid
+    max_positions: int | None = None  # max_position_embeddings, where the config says
 
 
 class TargetFeatures(nn.Module):
@@ -157,8 +158,9 @@ def text_config(path: Path) -> Any:
 
     try:
         config = AutoConfig.from_pretrained(path)
-    except ValueError as e:  # a model_type this transformers does not know
-        raise ValueError(f"target {path}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError, ...
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ValueError(f"target.path: {str(path)!r}: cannot read its config ({why})") from None
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED:
         arch = ", ".join(getattr(config, "architectures", None) or []) or "?"
@@ -177,7 +179,17 @@ def text_config(path: Path) -> Any:
 
 
 def read_target_info(path: Path) -> TargetInfo:
+    """The target's shape from its (text) config; a config that cannot be read, of an
+    unsupported architecture or lacking a field is bad input: a one-line ValueError."""
     c = text_config(path)
+    try:
+        return _target_info(c)
+    except Exception as e:  # a field missing or of the wrong type
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ValueError(f"target.path: {str(path)!r}: cannot read its config ({why})") from None
+
+
+def _target_info(c: Any) -> TargetInfo:
     layer_types = getattr(c, "layer_types", None) or []
     hybrid = any(t != "full_attention" for t in layer_types)
     return TargetInfo(
@@ -193,6 +205,7 @@ def read_target_info(path: Path) -> TargetInfo:
         tied_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
         model_type=c.model_type,
         layer_types=tuple(layer_types) if hybrid else (),
+        max_positions=getattr(c, "max_position_embeddings", None),
     )
 
 

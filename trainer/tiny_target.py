@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -226,7 +225,8 @@ def resolve_target_path(path: str) -> Path:
         cached, family = BUILTIN_TARGETS[name]
         out_dir = cache_dir() / cached
         if not (out_dir / "config.json").is_file():
-            print(f"target: building {path} into {out_dir} (once)", file=sys.stderr)
+            # stdout: stderr is for errors (bad input is one line there)
+            print(f"target: building {path} into {out_dir} (once)", flush=True)
             build_tiny_target(out_dir, family=family)
         return out_dir
     folder = Path(path).expanduser()

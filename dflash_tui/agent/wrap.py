@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -85,7 +86,7 @@ def wrap(args: argparse.Namespace) -> int:
         # A handler, not SIG_IGN: an ignored signal would stay ignored in the trainer.
         signal.signal(sig, lambda *_: None)
     argv = args.argv[1:] if args.argv and args.argv[0] == "--" else args.argv
-    print(f"{time.strftime('%H:%M:%S')} wrapper pid {os.getpid()}: {' '.join(argv)}", flush=True)
+    print(f"{time.strftime('%H:%M:%S')} wrapper pid {os.getpid()}: {shlex.join(argv)}", flush=True)
     started = time.time()
     try:
         with open(os.path.join(run_dir, TRAIN_LOG), "ab") as log:

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import queue
+import shlex
 import shutil
 import socket
 import subprocess
@@ -469,6 +470,8 @@ def test_the_wrapper_records_the_trainers_start_and_its_exit(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "trainer exited: exit code 3" in r.stdout
+    # launch.log's argv is quoted as a shell would need it: pasted back, it runs the same.
+    assert f": {shlex.join([sys.executable, '-c', trainer])}\n" in r.stdout
     launch = json.loads((run_dir / "launch.json").read_text())
     assert launch["proc_start"] == int((tmp_path / "start").read_text())
     assert launch["future"] == "kept"  # a newer agent's field survives an older wrapper

@@ -114,12 +114,13 @@ def test_auto_decides_per_line_and_explicit_formats_refuse_the_other(
     assert [sum(s.loss_mask) for s in samples] == [3, 11]
     _, report, warnings = load(path, tiny_tokenizer, fmt="text")
     assert report.samples == 1 and warnings == [
-        f"data: {path}:2: skipped (no 'text' key (data.format = text))"
+        f"data: {path}:2: skipped (no 'text' key (data.format = text))",
+        f"data: {path}: skipped 1 of 2 lines (no 'text' key (data.format = text): 1)",
     ]
     _, report, warnings = load(path, tiny_tokenizer, fmt="sharegpt")
-    assert report.samples == 1 and warnings == [
+    assert report.samples == 1 and warnings[0] == (
         f"data: {path}:1: skipped (no 'conversations' key (data.format = sharegpt))"
-    ]
+    )
 
 
 def test_malformed_lines_are_skipped_with_their_line_numbers(
@@ -154,13 +155,17 @@ def test_malformed_lines_are_skipped_with_their_line_numbers(
     expected = [
         f"data: {path}:{2 * i + 2}: skipped ({reason})" for i, (_, reason) in enumerate(bad)
     ]
-    expected.append(f"data: {path}:{2 * len(bad) + 4}: skipped (invalid JSON)")
+    expected.append(f"data: {path}:{2 * len(bad) + 4}: skipped (invalid UTF-8)")
+    expected.append(
+        f"data: {path}: skipped 14 of {2 * len(bad) + 2} lines ('conversations' is not a "
+        "non-empty list: 2, empty content: 2, empty text: 2, 8 other reasons)"
+    )
     assert warnings == expected
     assert len(samples) == len(bad) + 1
     assert all(s == samples[0] for s in samples)
     assert (report.lines, report.samples, report.skipped) == (2 * len(bad) + 2, len(bad) + 1, 14)
     assert report.skip_reasons["empty content"] == 2
-    assert report.skip_reasons["invalid JSON"] == 2
+    assert report.skip_reasons["invalid JSON"] == report.skip_reasons["invalid UTF-8"] == 1
     assert sum(report.skip_reasons.values()) == report.skipped
 
 
@@ -168,9 +173,10 @@ def test_warnings_are_capped(tmp_path: Path, tiny_tokenizer: PreTrainedTokenizer
     path = write_jsonl(tmp_path / "bad.jsonl", ["nope"] * 25 + [json.dumps({"text": "a b"})])
     samples, report, warnings = load(path, tiny_tokenizer)
     assert len(samples) == 1 and report.skipped == 25
-    assert len(warnings) == 21
+    assert len(warnings) == 22
     assert warnings[19] == f"data: {path}:20: skipped (invalid JSON)"
     assert warnings[20].startswith(f"data: {path}: 5 more lines skipped")
+    assert warnings[21] == f"data: {path}: skipped 25 of 26 lines (invalid JSON: 25)"
 
 
 def test_all_bad_file_raises_naming_the_path(
@@ -204,7 +210,8 @@ def test_truncation(tmp_path: Path, tiny_tokenizer: PreTrainedTokenizerFast) -> 
     # The cut lands right after the first answer's end-of-turn token.
     assert masked_runs(samples[0], tiny_tokenizer) == ["apple river apple river <|im_end|>"]
     assert (report.samples, report.truncated, report.skipped) == (2, 1, 1)
-    assert warnings == [f"data: {path}:3: skipped (no loss token within the first 26 tokens)"]
+    assert warnings[0] == f"data: {path}:3: skipped (no loss token within the first 26 tokens)"
+    assert len(warnings) == 2  # and the summary
 
 
 def test_resolve_data_path(tmp_path: Path) -> None:

@@ -156,8 +156,9 @@ def test_resolve_builds_when_missing(
     monkeypatch.setattr(tt, "build_tiny_target", fake_build)
     assert tt.resolve_target_path("builtin:tiny-qwen3") == tmp_path / "c" / "tiny-qwen3-v2"
     assert built == [tmp_path / "c" / "tiny-qwen3-v2"]
-    err = capsys.readouterr().err
-    assert "builtin:tiny-qwen3" in err and err.count("\n") == 1
+    # On stdout: stderr carries errors only (bad input is one line there).
+    out = capsys.readouterr()
+    assert "builtin:tiny-qwen3" in out.out and out.out.count("\n") == 1 and out.err == ""
 
 
 def test_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -92,8 +92,11 @@ def test_every_launch_gets_a_new_run_dir(tmp_path):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--set", "train.lrr=1"], "unknown config key 'train.lrr'"),
-        (["--set", "train.batch_size=big"], "train.batch_size: expected an integer"),
+        (["--set", "train.lrr=1"], "config: train.lrr = 1: unknown key"),
+        (
+            ["--set", "train.batch_size=big"],
+            'config: train.batch_size = "big": expected an integer',
+        ),
         (["--set", "data.path=/nonexistent/data.jsonl"], "data.path"),
         (["--set", "target.path=/nonexistent/model"], "target.path"),
     ],
