@@ -46,7 +46,8 @@ class DrafterConfig:
 
 @dataclass
 class DataConfig:
-    # A JSONL file, or "builtin:synthetic-chat" (the shipped learnable dataset).
+    # A JSONL file, "builtin:synthetic-chat" (the shipped learnable dataset) or
+    # "builtin:synthetic-sharegpt" (multi-turn, real chat lengths; generated on first use).
     path: str = "builtin:synthetic-chat"
     # "auto" (decided per line), "sharegpt" or "text".
     format: str = "auto"
@@ -54,6 +55,13 @@ class DataConfig:
     seq_buckets: list[int] = field(default_factory=lambda: [2048])
     # Samples longer than the largest bucket are truncated to it.
     shuffle: bool = True
+    # Tokenized samples are cached on disk, keyed by the data's content, the tokenizer, the
+    # format, the largest bucket and the tokenizing code (trainer/tokenized.py).
+    cache: bool = True
+    # "" = <cache dir>/tokenized (DFLASH_CACHE_DIR, else ~/.cache/dflash-tui).
+    cache_dir: str = ""
+    # Processes that tokenize on a cache miss: 0 = one per core (at most 16), 1 = in-process.
+    tokenize_workers: int = 0
 
 
 @dataclass
@@ -233,6 +241,8 @@ def validate(cfg: Config) -> None:
     for key in ("batch_size", "num_anchors", "loss_chunk_blocks", "topk", "log_every"):
         if getattr(cfg.train, key) < 1:
             raise ConfigError(f"train.{key}: must be at least 1")
+    if cfg.data.tokenize_workers < 0:
+        raise ConfigError("data.tokenize_workers: must be 0 (one per core) or more")
     if cfg.train.lr <= 0:
         raise ConfigError("train.lr: must be positive")
     if len(cfg.train.betas) != 2:

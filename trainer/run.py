@@ -23,7 +23,7 @@ import trainer
 from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
 from trainer.config import Config, ConfigError
 from trainer.contract.codehash import code_hash
-from trainer.contract.heartbeat import DeviceId, ErrorInfo, WandbInfo
+from trainer.contract.heartbeat import DataInfo, DeviceId, ErrorInfo, WandbInfo
 from trainer.contract.phases import (
     CHECKPOINTING,
     CRASHED,
@@ -180,6 +180,12 @@ class Run:
             os._exit(code)
         return code
 
+    def _on_data(self, info: DataInfo) -> None:
+        from trainer.tokenized import summary
+
+        self.state.data_loaded(info)
+        self.log.line(summary(info))
+
     def _on_recompile(self, message: str) -> None:
         """A graph compiled after warm-up: say which and why, in the log and heartbeat."""
         from trainer.warmup import recompile_summary
@@ -208,6 +214,7 @@ class Run:
             progress=self.state.progress,
             load_span=(self.state.target_load_started, self.state.target_load_ended),
             faults=faults,
+            on_data=self._on_data,
         )
         self.state.total_steps = setup.total_steps
         position = TrainPosition(step=0, batches=0, tokens=0)

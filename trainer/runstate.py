@@ -18,6 +18,7 @@ from collections.abc import Callable
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
+    DataInfo,
     ErrorInfo,
     Heartbeat,
     PhaseProgress,
@@ -56,6 +57,7 @@ class RunState:
         self.compile = CompileInfo()
         self.target_load: Span | None = None
         self.last_checkpoint: CheckpointInfo | None = None
+        self.data: DataInfo | None = None
         self.exit_code: int | None = None
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
@@ -65,6 +67,8 @@ class RunState:
         assert phase in PHASES, phase
         with self._lock:
             if phase == self.phase:
+                if total:  # the phase's size is known now (the data's lines once counted)
+                    self.phase_progress = PhaseProgress(0, total, unit)
                 return
             now = time.time()
             self.phase, self.phase_started_at = phase, now
@@ -98,6 +102,10 @@ class RunState:
         with self._lock:
             if self.target_load is not None:
                 self.target_load.ended_at = time.time()
+
+    def data_loaded(self, info: DataInfo) -> None:
+        with self._lock:
+            self.data = info
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         with self._lock:
@@ -179,6 +187,7 @@ class RunState:
                 exit_code=self.exit_code,
                 target_load=copy.copy(self.target_load),
                 last_checkpoint=self.last_checkpoint,
+                data=copy.copy(self.data),
             )
             return beat, list(self._threads)
 

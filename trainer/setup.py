@@ -16,8 +16,9 @@ from torch import Tensor
 from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
 from trainer.config import Config
+from trainer.contract.heartbeat import DataInfo
 from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
-from trainer.data import Sample, batches_per_epoch, load_samples, resolve_data_path
+from trainer.data import Sample, batches_per_epoch, resolve_data_path
 from trainer.faults import FaultPlan
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
@@ -33,6 +34,7 @@ from trainer.target import (
     resolve_dtype,
 )
 from trainer.tiny_target import resolve_target_path
+from trainer.tokenized import load_tokenized
 
 
 class TargetLoader(threading.Thread):
@@ -183,6 +185,7 @@ def build_run(
     progress: Callable[[int], None] = lambda _d: None,
     load_span: tuple[Callable[[], None], Callable[[], None]] = (lambda: None, lambda: None),
     faults: FaultPlan | None = None,
+    on_data: Callable[[DataInfo], None] = lambda _i: None,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights."""
     rt = cfg.runtime
@@ -202,9 +205,21 @@ def build_run(
     faults = faults or FaultPlan("")
     phase(LOADING_DATA)
     time.sleep(faults.slow_s("data"))  # DFLASH_FAULT=slow:data:S
-    samples, _report = load_samples(
-        data_path, tokenizer, cfg.data.format, max(cfg.data.seq_buckets), warn=warn
+    d = cfg.data
+    data = load_tokenized(
+        data_path,
+        tokenizer,
+        d.format,
+        max(d.seq_buckets),
+        warn,
+        cache_root=Path(d.cache_dir).expanduser() if d.cache_dir else None,
+        use_cache=d.cache,
+        workers=d.tokenize_workers,
+        on_total=lambda n: phase(LOADING_DATA, total=n, unit="lines"),
+        progress=progress,
     )
+    on_data(data.info)
+    samples = data.samples
     per_epoch = batches_per_epoch(samples, cfg.data.seq_buckets, cfg.train.batch_size)
 
     # The drafters first, on placeholder embedding/head tensors of the target's shape:

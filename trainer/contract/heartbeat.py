@@ -10,7 +10,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
   2  `stopped` is a final phase of its own (schema 1 said `finished` for a stopped run);
      `target_load` (the span of the weight load that overlaps compiling), `last_checkpoint`,
      `proc_start` (the trainer's start time in clock ticks, /proc/PID/stat field 22: with the
-     pid it names the process, whatever reuses the pid later).
+     pid it names the process, whatever reuses the pid later). Added later without a
+     bump (a default, so older readers ignore it): `data` (tokenization cache hit or miss,
+     the load's time, lines, samples, tokens).
 """
 
 from __future__ import annotations
@@ -139,6 +141,21 @@ class Span:
 
 
 @dataclasses.dataclass
+class DataInfo:
+    """How the training data was loaded (trainer/tokenized.py)."""
+
+    cache: str = ""  # hit | miss | rebuilt (a bad entry was replaced) | off
+    seconds: float = 0.0  # reading and tokenizing, or reading the cache
+    lines: int = 0
+    samples: int = 0
+    skipped: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    workers: int = 0  # processes that tokenized; 0 on a cache hit
+    entry: str = ""  # the cache file
+
+
+@dataclasses.dataclass
 class CheckpointInfo:
     step: int
     path: str  # relative to the run dir
@@ -178,6 +195,7 @@ class Heartbeat:
     target_load: Span | None = None
     last_checkpoint: CheckpointInfo | None = None
     proc_start: int | None = None
+    data: DataInfo | None = None  # set once the data is loaded; absent from older trainers
 
     @property
     def process_group(self) -> int:
