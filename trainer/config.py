@@ -51,7 +51,8 @@ class DrafterConfig:
 
 @dataclass
 class DataConfig:
-    # A JSONL file, or "builtin:synthetic-chat" (the shipped learnable dataset).
+    # A JSONL file, "builtin:synthetic-chat" (the shipped learnable dataset) or
+    # "builtin:synthetic-sharegpt" (multi-turn, real chat lengths; generated on first use).
     path: str = "builtin:synthetic-chat"
     # "auto" (decided per line), "sharegpt" or "text".
     format: str = "auto"
@@ -62,6 +63,13 @@ class DataConfig:
     # Pack several documents into each row (trainer/packing.py), none seeing another; false
     # pads each sample to its own bucket row (most of a row is padding on chat data).
     packing: bool = True
+    # Tokenized samples are cached on disk, keyed by the data's content, the tokenizer, the
+    # format, the largest bucket and the tokenizing code (trainer/tokenized.py).
+    cache: bool = True
+    # "" = <cache dir>/tokenized (DFLASH_CACHE_DIR, else ~/.cache/dflash-tui).
+    cache_dir: str = ""
+    # Processes that tokenize on a cache miss: 0 = one per core (at most 16), 1 = in-process.
+    tokenize_workers: int = 0
 
 
 @dataclass
@@ -160,6 +168,7 @@ _RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "drafter.num_kv_heads": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
     "drafter.head_dim": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
     "data.seq_buckets[]": (lambda v: v >= 2, "must be an integer >= 2"),
+    "data.tokenize_workers": (lambda v: v >= 0, "must be 0 (one per core) or more"),
     "train.batch_size": (lambda v: v >= 1, _POSITIVE_INT),
     "train.num_anchors": (lambda v: v >= 1, _POSITIVE_INT),
     "train.lr": (lambda v: v > 0, "must be a positive number"),

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 BUILTIN_DATASETS = {
     "synthetic-chat": "synthetic-chat.jsonl",
     "synthetic-text": "synthetic-text.jsonl",
+    # Not shipped: generated into the cache on first use (trainer/synthetic_sharegpt.py).
+    "synthetic-sharegpt": "",
 }
 DATASETS_DIR = Path(__file__).parent / "datasets"
 MAX_WARNINGS = 20
@@ -100,7 +102,13 @@ def resolve_data_path(path: str) -> Path:
         if name not in BUILTIN_DATASETS:
             known = ", ".join(f"builtin:{k}" for k in BUILTIN_DATASETS)
             raise DataError(f"data.path: unknown builtin {path!r} (known: {known})")
-        resolved = DATASETS_DIR / BUILTIN_DATASETS[name]
+        if name == "synthetic-sharegpt":
+            from trainer.synthetic_sharegpt import ensure_dataset
+            from trainer.tiny_target import cache_dir
+
+            resolved = ensure_dataset(cache_dir())
+        else:
+            resolved = DATASETS_DIR / BUILTIN_DATASETS[name]
     else:
         resolved = Path(path).expanduser()
     if not resolved.is_file():
@@ -251,10 +259,14 @@ def load_samples(
     max_len: int = 2048,
     warn: Callable[[str], None] = _warn_stderr,
     vocab_size: int | None = None,
+    *,
+    parse_line: Callable[[int, bytes], Sample] | None = None,
 ) -> tuple[list[Sample], LoadReport]:
     """Tokenize every usable line of a JSONL file; bad lines are skipped and reported.
 
-    `vocab_size`: the target's embedding rows; a sample with a token id beyond is skipped."""
+    `vocab_size`: the target's embedding rows; a sample with a token id beyond is skipped.
+    `parse_line(line_no, raw)` stands in for `_parse_line` (trainer/tokenized.py passes the
+    results of worker processes through it); it raises `_Skip` the same way."""
     if fmt not in ("auto", "sharegpt", "text"):
         raise ValueError(f"data.format: expected auto, sharegpt or text, got {fmt!r}")
     if fmt != "text" and not getattr(tokenizer, "is_fast", False):
@@ -276,7 +288,10 @@ def load_samples(
             continue
         lines += 1
         try:
-            sample = _parse_line(raw, tokenizer, fmt)
+            if parse_line is not None:
+                sample = parse_line(line_no, raw)
+            else:
+                sample = _parse_line(raw, tokenizer, fmt)
             _check_ids(sample, vocab_size)
             cut = max(0, len(sample.input_ids) - max_len)
             if cut:

@@ -136,15 +136,6 @@ class Run:
         padding = planned_padding(
             setup.samples, data.seq_buckets, self.cfg.train.batch_size, data.packing
         )
-        self.state.data_loaded(
-            DataInfo(
-                packing=data.packing,
-                samples=rep.samples,
-                skipped=rep.skipped,
-                truncated=rep.truncated,
-                truncated_tokens=rep.truncated_tokens,
-            )
-        )
         layout = "packed" if data.packing else "one sample per row"
         self.log.line(
             f"data: {rep.samples:,} samples, {setup.batches_per_epoch:,} batches per epoch"
@@ -223,6 +214,12 @@ class Run:
             os._exit(code)
         return code
 
+    def _on_data(self, info: DataInfo) -> None:
+        from trainer.tokenized import summary
+
+        self.state.data_loaded(info)
+        self.log.line(summary(info))
+
     def _on_recompile(self, message: str) -> None:
         """A graph compiled after warm-up: say which and why, in the log and heartbeat."""
         from trainer.warmup import recompile_summary
@@ -252,6 +249,7 @@ class Run:
             load_span=(self.state.target_load_started, self.state.target_load_ended),
             faults=faults,
             preflight=self._preflight,
+            on_data=self._on_data,
         )
         self.state.total_steps = setup.total_steps
         self._report_data(setup)

@@ -71,6 +71,8 @@ class RunState:
         assert phase in PHASES, phase
         with self._lock:
             if phase == self.phase:
+                if total:  # the phase's size is known now (the data's lines once counted)
+                    self.phase_progress = PhaseProgress(0, total, unit)
                 return
             now = time.time()
             self.phase, self.phase_started_at = phase, now

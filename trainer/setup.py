@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -16,12 +17,12 @@ from torch import Tensor
 from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
 from trainer.config import Config, check_mask_token, check_target_fit
+from trainer.contract.heartbeat import DataInfo
 from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
 from trainer.data import (
     LoadReport,
     Sample,
     batches_per_epoch,
-    load_samples,
     resolve_data_path,
 )
 from trainer.faults import FaultPlan
@@ -40,6 +41,7 @@ from trainer.target import (
     resolve_dtype,
 )
 from trainer.tiny_target import resolve_target_path
+from trainer.tokenized import load_tokenized
 
 
 class TargetLoader(threading.Thread):
@@ -192,6 +194,7 @@ def build_run(
     load_span: tuple[Callable[[], None], Callable[[], None]] = (lambda: None, lambda: None),
     faults: FaultPlan | None = None,
     preflight: Callable[[Path, str, int], None] = lambda _p, _d, _k: None,
+    on_data: Callable[[DataInfo], None] = lambda _i: None,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights.
     `preflight(target path, target device, layers kept)` runs once the target's config is
@@ -219,16 +222,26 @@ def build_run(
     faults = faults or FaultPlan("")
     phase(LOADING_DATA)
     time.sleep(faults.slow_s("data"))  # DFLASH_FAULT=slow:data:S
-    samples, report = load_samples(
+    d = cfg.data
+    data = load_tokenized(
         data_path,
         tokenizer,
-        cfg.data.format,
-        max(cfg.data.seq_buckets),
-        warn=warn,
+        d.format,
+        max(d.seq_buckets),
+        warn,
+        cache_root=Path(d.cache_dir).expanduser() if d.cache_dir else None,
+        use_cache=d.cache,
+        workers=d.tokenize_workers,
+        on_total=lambda n: phase(LOADING_DATA, total=n, unit="lines"),
+        progress=progress,
         vocab_size=info.vocab_size,
     )
-    count = packed_batches_per_epoch if cfg.data.packing else batches_per_epoch
-    per_epoch = count(samples, cfg.data.seq_buckets, cfg.train.batch_size)
+    samples, report = data.samples, data.report
+    on_data(
+        dataclasses.replace(data.info, packing=d.packing, truncated_tokens=report.truncated_tokens)
+    )
+    count = packed_batches_per_epoch if d.packing else batches_per_epoch
+    per_epoch = count(samples, d.seq_buckets, cfg.train.batch_size)
 
     # The drafters first, on placeholder embedding/head tensors of the target's shape:
     # compiling needs shapes, not weights, so the target loads on a thread meanwhile and

@@ -12,7 +12,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      `proc_start` (the trainer's start time in clock ticks, /proc/PID/stat field 22: with the
      pid it names the process, whatever reuses the pid later).
      Later under schema 2 (optional, so no bump: older readers ignore it): `preflight`,
-     the fast-kernel preflight (trainer/contract/environment.py).
+     the fast-kernel preflight (trainer/contract/environment.py), and `data`
+     (how the data loaded: tokenization cache hit or miss, the load's time, lines, samples,
+     tokens; packing and the padding share of recent batches).
 """
 
 from __future__ import annotations
@@ -150,13 +152,19 @@ class CheckpointInfo:
 
 @dataclasses.dataclass
 class DataInfo:
-    """What the data loading kept and what a batch is made of."""
+    """How the training data was loaded (trainer/tokenized.py) and what a batch is made of."""
 
-    packing: bool = False  # several documents per row (trainer/packing.py)
+    cache: str = ""  # hit | miss | rebuilt (a bad entry was replaced) | off
+    seconds: float = 0.0  # reading and tokenizing, or reading the cache
+    lines: int = 0
     samples: int = 0
     skipped: int = 0  # unusable lines
     truncated: int = 0  # samples cut to the largest bucket
-    truncated_tokens: int = 0  # the tokens those cuts removed
+    tokens: int = 0
+    workers: int = 0  # processes that tokenized; 0 on a cache hit
+    entry: str = ""  # the cache file
+    packing: bool = False  # several documents per row (trainer/packing.py)
+    truncated_tokens: int = 0  # the tokens the truncation removed
     # Of the batch positions of the recent steps, the share that were padding; None before
     # the second step.
     padding: float | None = None
