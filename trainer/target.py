@@ -276,6 +276,9 @@ def load_tokenizer(path: Path, mask_token: str) -> tuple[Any, int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
+    # The data loader truncates (and counts) long samples itself: the tokenizer's "longer
+    # than the specified maximum" warning would only be noise in train.log.
+    tok.model_max_length = 1 << 62
     if tok.mask_token_id is None:
         tok.add_special_tokens({"mask_token": mask_token})
     return tok, int(tok.mask_token_id)
