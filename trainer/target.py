@@ -90,6 +90,10 @@ class TargetFeatures(nn.Module):
         # Which layers are Gated DeltaNet (only those need the packed path's token mixer).
         layers: Any = base.layers
         self.linear = [getattr(layer, "linear_attn", None) is not None for layer in layers]
+        # Multimodal RoPE (Qwen3.5/3.6): transformers 5.17's rotary indexes a (3, B, S)
+        # position tensor and fails on (B, S); 5.24 expands either. A text-only row has the
+        # same position on all three axes.
+        self.mrope = getattr(getattr(base, "config", None), "model_type", "").startswith("qwen3_5")
 
     @torch.no_grad()
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
@@ -111,7 +115,10 @@ class TargetFeatures(nn.Module):
             positions = position_ids
             bounds = DocBounds.from_positions(position_ids)
             mask = bounds.attention_mask()
-        rope = base.rotary_emb(hidden, positions)
+        rope_positions = positions
+        if self.mrope:  # Qwen3.5's rotary takes (3, B, S): text positions on all three axes
+            rope_positions = positions[None].expand(3, *positions.shape)
+        rope = base.rotary_emb(hidden, rope_positions)
         wanted = set(self.layer_ids)
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(base.layers):
