@@ -18,7 +18,9 @@ ShareGPT statistics:
 
 A lognormal with mean m and std s has sigma^2 = ln(1 + s^2/m^2) and median m/exp(sigma^2/2):
 prompts median 14 tokens, sigma 1.95 (pasted documents make the tail); responses median 275,
-sigma 0.69. Exchanges are 1 + geometric (mean 3.51). Nothing is shaped to fit a bucket.
+sigma 0.69. Exchanges are 1 + floor(X), X lognormal with a mean of 3.51 and 45 % single
+exchanges (the 45 % is assumed, not sourced; the cap at 24 brings the measured mean to 3.3).
+Nothing is shaped to fit a bucket.
 The measured result (tiny tokenizer, chat template included; `bench/data_lengths.py`) is
 in bench/README.md: a median of a few hundred tokens, a p99 in the thousands.
 

@@ -29,16 +29,19 @@ LoadReport, and the same warnings, in the same order), plus how it got them:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import hashlib
 import itertools
 import json
 import math
 import multiprocessing
 import os
+import signal
 import struct
 import time
 from array import array
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,7 +200,7 @@ def decode_entry(
     start = len(MAGIC) + 8
     if len(blob) < start + DIGEST or blob[: len(MAGIC)] != MAGIC:
         raise _Corrupt("bad header")
-    body, digest = blob[:-DIGEST], blob[-DIGEST:]
+    body, digest = memoryview(blob)[:-DIGEST], blob[-DIGEST:]  # no 14 MB copy
     (header_len,) = struct.unpack_from("<Q", blob, len(MAGIC))
     if start + header_len > len(body):
         raise _Corrupt("truncated header")
@@ -232,8 +235,11 @@ def decode_entry(
         raise _Corrupt("loss mask is not 0/1")
     if (np.add.reduceat(mask, offsets[:-1]) == 0).any():
         raise _Corrupt("a sample without a loss token")
-    ids_list, mask_list, bounds = ids.tolist(), mask.tolist(), offsets.tolist()
-    samples = [Sample(ids_list[a:b], mask_list[a:b]) for a, b in itertools.pairwise(bounds)]
+    # Slices of the arrays straight to lists: the lists are most of a warm start's time.
+    samples = [
+        Sample(ids[a:b].tolist(), mask[a:b].tolist())
+        for a, b in itertools.pairwise(offsets.tolist())
+    ]
     return samples, report, warnings
 
 
@@ -241,6 +247,19 @@ def decode_entry(
 # Set in the parent just before the fork; the children inherit it (nothing is pickled).
 _WORK: tuple[Any, str, list[bytes]] | None = None
 Parsed = tuple[bytes, bytes] | str  # (int32 ids, uint8 mask) or the skip reason
+
+
+def _worker_init() -> None:
+    # A forked child inherits the trainer's handlers: on SIGTERM it would only ask itself to
+    # "finish the current step" and never exit. A worker ignores the stop and dump signals
+    # that reach the whole process group (`dflash-tui kill`): its chunks are short, the
+    # parent finishes loading and then stops; SIGKILL still ends everything.
+    with contextlib.suppress(AttributeError, ValueError):
+        faulthandler.unregister(signal.SIGUSR2)
+    faulthandler.disable()
+    for name in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def _parse_range(bounds: tuple[int, int]) -> list[tuple[int, Parsed]]:
@@ -289,9 +308,12 @@ def parse_in_workers(
     results: dict[int, Parsed] = {}
     _WORK = (tokenizer, fmt, raw_lines)
     try:
+        # Forked from this (the main) thread before the executor starts its own thread.
         ctx = multiprocessing.get_context("fork")
-        with _tokenizers_quiet(), ctx.Pool(workers) as pool:
-            for part in pool.imap(_parse_range, ranges):
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init)
+        # A dead worker raises BrokenProcessPool here instead of hanging the load.
+        with _tokenizers_quiet(), pool:
+            for part in pool.map(_parse_range, ranges):
                 results.update(part)
                 progress(len(results))
     finally:

@@ -87,6 +87,12 @@ def test_every_launch_gets_a_new_run_dir(tmp_path):
         assert r.returncode == 0, r.stderr
     dirs = sorted(p.name for p in tmp_path.iterdir())
     assert len(dirs) == 2 and dirs[0] != dirs[1]
+    # The second launch reads its samples from the tokenization cache, and says so.
+    first, second = (json.loads((tmp_path / d / "heartbeat.json").read_text()) for d in dirs)
+    assert first["data"]["cache"] in ("miss", "hit")  # another test may have filled it
+    assert second["data"]["cache"] == "hit"
+    assert second["data"]["samples"] == first["data"]["samples"] == 1500
+    assert "from the tokenization cache" in (tmp_path / dirs[1] / "train.log").read_text()
 
 
 @pytest.mark.parametrize(
