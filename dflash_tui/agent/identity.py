@@ -31,6 +31,7 @@ import time
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.procs import (
     group_members,
+    group_pids,
     holds_flock,
     pid_alive,
     proc_group,
@@ -97,6 +98,20 @@ def _ended(runs: RunRoot, run_id: str) -> str | None:
     return f"ended{ago} ({summary})"
 
 
+def _left_behind(proc: Process) -> str:
+    """Processes still in the recorded group of a leader that is gone: said, never signalled
+    (with its leader gone, nothing proves that group number still names the run's group)."""
+    if not proc.pgid or proc.pgid <= 1:
+        return ""
+    pids = group_pids(proc.pgid)
+    if not pids:
+        return ""
+    return (
+        f" (pids {pids} are in its process group {proc.pgid}, not proven to be the run's: "
+        "check them by hand)"
+    )
+
+
 def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
     """None when `proc` is proven to be the run's; else (gone, why): `gone` when nothing of
     the run lives (it cannot be signalled), not gone when it cannot be proven either way."""
@@ -109,7 +124,7 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
     if pid is None or pid <= 0:
         return False, "no process of it is recorded (yet: still starting?)"
     if not pid_alive(pid):
-        return True, f"pid {pid} has exited"
+        return True, f"pid {pid} has exited{_left_behind(proc)}"
     if proc.start is None:
         older = " (heartbeat schema 1: an older trainer)" if proc.schema == 1 else ""
         return False, (
@@ -118,7 +133,7 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
         )
     now = proc_start(pid)
     if now is None:
-        return True, f"pid {pid} has exited"
+        return True, f"pid {pid} has exited{_left_behind(proc)}"
     if now != proc.start:
         return True, _reused(pid, proc.start, now)
     group = proc_group(pid)

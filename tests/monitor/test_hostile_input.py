@@ -384,3 +384,51 @@ def test_fifos_never_block_the_agent(agent_factory, tmp_path):  # noqa: F811
     assert got["ok"] is False  # no process recorded: nothing to signal, and no hang
     assert agent.request({"cmd": "ping"}, timeout=5)["ok"]
     assert time.monotonic() - t0 < 10
+
+
+def test_a_group_left_behind_by_a_gone_leader_is_named_not_signalled(
+    agent_factory,  # noqa: F811
+    tmp_path,
+):
+    """The leader is gone, a member of its group lives on: with no live leader, nothing proves
+    that group number still names the run's group; the operator is told the pids."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    child_log = tmp_path / "child.log"
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; p = subprocess.Popen(sys.argv[1:]); print(p.pid)",
+            sys.executable,
+            "-c",
+            RECORDER,
+            str(child_log),
+            str(tmp_path),
+            "record",
+        ],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert leader.stdout is not None
+    child = int(leader.stdout.readline())
+    start = proc_start(leader.pid)
+    try:
+        leader.wait(10)
+        deadline = time.monotonic() + 10
+        while "ready" not in (child_log.read_text() if child_log.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        write_run(root, OLD, leader.pid, start)
+        agent = agent_factory(root)
+        got = agent.request({"cmd": "kill", "run_id": OLD, "timeout_s": 2, "drain_timeout_s": 1})
+        assert one_line(got["error"]) == (
+            f"run {OLD} is not running; pid {leader.pid} has exited (pids [{child}] are in its "
+            f"process group {leader.pid}, not proven to be the run's: check them by hand): "
+            "not signalled"
+        )
+        assert child_log.read_text().split() == ["ready"]
+        os.kill(child, 0)  # still alive
+    finally:
+        os.kill(child, 9)
