@@ -8,7 +8,8 @@ restart, dump stacks, py-spy, and every TUI key or row action: they are all agen
 
 - it lives, on this host, and started at the tick recorded for the run;
 - it is still in the recorded process group;
-- for a launched run (launch.json is there), it holds the run root's launch lock itself:
+- for a launched run (launch.json is there), it leads that group (the wrapper starts the
+  trainer so) and holds the run root's launch lock itself:
   one of its descriptors is open on RUN_ROOT/.launch.lock and holds the flock, the lock the
   agent took at launch and handed down (a run started by hand has no lock: the first two
   must do).
@@ -140,6 +141,8 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
     if group != proc.pgid:
         return False, f"pid {pid} has left process group {proc.pgid} (it is in {group})"
     if proc.launched:
+        if pid != proc.pgid:  # the wrapper starts the trainer as its group's leader
+            return False, f"pid {pid} is not the leader of its recorded group {proc.pgid}"
         held = holds_flock(pid, runs.lock_path())
         if held is None:
             return False, f"pid {pid}'s descriptors cannot be read (another user's process?)"
@@ -179,7 +182,9 @@ def signal_process(proven: Proven, sig: int) -> None:
     """`sig` to the proven process itself, never to whatever has its pid now: through a
     pidfd, checked against the start time after opening it (the pidfd names one process for
     good). NotRunning when it is gone."""
-    gone = NotRunning(f"run {proven.run_id} is not running: pid {proven.pid} has exited")
+    gone = NotRunning(
+        f"run {proven.run_id} is not running; pid {proven.pid} has exited: not signalled"
+    )
     try:
         pidfd: int | None = os.pidfd_open(proven.pid)
     except ProcessLookupError:
