@@ -58,7 +58,11 @@ def _common(p: argparse.ArgumentParser, target: bool = True) -> None:
     pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
     g.add_argument("--python", help="interpreter for the agent and trainer there")
     g.add_argument("--identity", help="SSH private key file")
-    g.add_argument("--known-hosts", help="known_hosts file (checking is always on)")
+    g.add_argument(
+        "--known-hosts",
+        help="known_hosts file (checking is always on; ssh config's "
+        "StrictHostKeyChecking accept-new is honoured, 'no' is refused)",
+    )
     h = p.add_argument_group("headless")
     h.add_argument("--headless", action="store_true", help="print lines, no screen")
     h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
@@ -125,7 +129,11 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
 
 
 def target_from(args: argparse.Namespace, text: str | None) -> Target:
-    return resolve_target(
+    """The target, its ssh config checked up front: a config that would turn host-key
+    checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
+    from dflash_tui.link.hostkeys import host_key_policy
+
+    target = resolve_target(
         text,
         run_root=args.run_root,
         remote_dir=args.remote_dir,
@@ -135,6 +143,9 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
         identity=args.identity,
         known_hosts=args.known_hosts,
     )
+    if target.kind == "ssh":
+        host_key_policy(target)
+    return target
 
 
 # What the commands print quotes the host (run ids, paths, the agent's errors and notes): one

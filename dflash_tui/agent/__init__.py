@@ -13,10 +13,12 @@ One job per module:
   output    JSON lines on stdout, each line whole, from any thread
   stdin     command lines from stdin: bounded, decoded at the boundary, never fatal
   loop      the select loop: the followed run's files, the runs list, liveness, dispatch
-  files     one file's new lines, heartbeat.json changes, inotify
+  files     reading a run's files (never through a symlink, never blocked by a FIFO); one
+            file's new lines, heartbeat.json changes, inotify
   gpus      NVML, else nvidia-smi, else a clear "no GPU"
-  procs     what /proc says about a process: alive, started when, in which group
+  procs     what /proc says about a process: alive, started when, in which group, which locks
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
+  identity  whose process a signal may reach: the run's, proven, or none
   commands  every command's handler, by command record
   launch    starting a run under the launch lock
   kill      stopping a run's process group and waiting for its GPU memory
@@ -26,4 +28,5 @@ One job per module:
 Runs live in RUN_ROOT/<run_id>/. While a launched run lives, RUN_ROOT/.launch.lock is
 flock-ed: the agent takes the lock, hands it to the detached wrapper (and that to the
 trainer), and the kernel releases it when the last of them exits. Not a guess from pids.
+No signal leaves the agent before identity.prove has shown that its target is the run's.
 """

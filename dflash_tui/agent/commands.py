@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
-from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.files import Refused, read_tail, tail_or_empty
+from dflash_tui.agent.identity import NotRunning, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
-from dflash_tui.agent.procs import pid_alive
 from trainer.contract.protocol import (
     ClearCompileCache,
     Command,
@@ -57,8 +57,7 @@ def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
     if run_id is None:
         agent.follow_nothing()
         return {"run_id": None}
-    if not os.path.isdir(agent.runs.run_dir(run_id)):
-        raise CommandError(f"no run {run_id!r} under {agent.runs.path}")
+    agent.runs.checked_dir(run_id)
     # Offsets from an earlier session apply to the run they were read from only.
     offsets = cmd.offsets
     if cmd.offsets_run_id is not None and cmd.offsets_run_id != run_id:
@@ -69,19 +68,26 @@ def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
 
 def list_runs(agent: Agent, cmd: ListRuns) -> dict[str, Any]:
     agent.emit_runs()
-    return {"count": len(agent.runs.run_ids())}
+    count = len(agent.runs.run_ids())
+    return {"count": count, "refused": agent.runs.refused}
 
 
 def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
+    """The end of one file of a run: a regular file directly in a real run dir, never what
+    a symlink names (runs.open_in)."""
     if not SAFE_FILE.match(cmd.name):
         raise CommandError(f"bad file name {cmd.name!r}")
     run_id = cmd.run_id or agent.run_id
     if run_id is None:
         raise CommandError("no run to read from")
-    path = os.path.join(agent.runs.run_dir(run_id), cmd.name)
-    if not os.path.isfile(path):
-        raise CommandError(f"{path}: no such file")
-    return {"run_id": run_id, "name": cmd.name, "text": tail_text(path, cmd.tail_bytes or 1 << 20)}
+    run_dir = agent.runs.checked_dir(run_id)
+    try:
+        text = read_tail(run_dir, cmd.name, cmd.tail_bytes or 1 << 20)
+    except FileNotFoundError:
+        raise CommandError(f"{os.path.join(run_dir, cmd.name)}: no such file") from None
+    except OSError as e:
+        raise CommandError(f"{os.path.join(run_dir, cmd.name)}: {e.strerror}") from None
+    return {"run_id": run_id, "name": cmd.name, "text": text}
 
 
 # -- long: each on a thread of its own -------------------------------------------------------
@@ -95,7 +101,7 @@ def target_run(agent: Agent, run_id: str | None, need_alive: bool = True) -> str
         run_id = agent.runs.latest()
         if run_id is None:
             raise CommandError(f"no runs under {agent.runs.path}")
-    agent.runs.run_dir(run_id)  # validates
+    agent.runs.checked_dir(run_id)
     return run_id
 
 
@@ -125,17 +131,22 @@ def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
 
 def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
     run_id = target_run(agent, cmd.run_id, need_alive=False)
-    run_dir = agent.runs.run_dir(run_id)
+    run_dir = agent.runs.checked_dir(run_id)
     record = read_launch(run_dir)
-    config_path = os.path.join(run_dir, LAUNCH_CONFIG)
-    if not isinstance(record, LaunchRecord) or not os.path.isfile(config_path):
+    try:
+        config_toml = read_tail(run_dir, LAUNCH_CONFIG, 1 << 20)
+    except (OSError, Refused):
+        config_toml = None
+    if not isinstance(record, LaunchRecord) or config_toml is None:
         raise CommandError(f"run {run_id} was not launched by dflash-tui: nothing to restart from")
     progress = _progress(agent, cmd)
     killed = None
-    if agent.runs.alive_run() == run_id:
+    try:
+        prove(agent.runs, run_id)  # alive and proven: kill it first (kill proves it again)
+    except NotRunning as e:
+        progress(f"{e}; launching it again")
+    else:
         killed = kill(agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, progress)
-    with open(config_path) as f:
-        config_toml = f.read()
     started = launch(
         agent.runs,
         agent.remote_dir,
@@ -151,25 +162,23 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
 
 def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     run_id = target_run(agent, cmd.run_id, need_alive=False)
-    run_dir = agent.runs.run_dir(run_id)
-    proc = agent.runs.process(run_id)
-    if proc.pid is None or not pid_alive(proc.pid, proc.start):
-        raise CommandError(f"run {run_id} is not running (pid {proc.pid})")
+    run_dir = agent.runs.checked_dir(run_id)
+    proc = prove(agent.runs, run_id)
     before = set(os.listdir(run_dir))
-    os.kill(proc.pid, signal.SIGUSR1)  # the trainer's faulthandler writes stacks-<time>.txt
+    signal_process(proc, signal.SIGUSR1)  # the trainer's faulthandler writes stacks-<time>.txt
     deadline = time.monotonic() + cmd.timeout_s
-    path = None
+    name = text = None
     while time.monotonic() < deadline:
         fresh = sorted(
             n for n in os.listdir(run_dir) if n.startswith("stacks-2") and n not in before
         )
         if fresh:
-            candidate = os.path.join(run_dir, fresh[-1])
-            if "# faulthandler" in tail_text(candidate, STACKS_BYTES):  # written to the end
-                path = candidate
+            candidate = tail_or_empty(run_dir, fresh[-1], STACKS_BYTES)
+            if "# faulthandler" in candidate:  # written to the end
+                name, text = fresh[-1], candidate
                 break
         time.sleep(0.05)
-    if path is None:
+    if name is None:
         raise CommandError(
             f"no stack dump from pid {proc.pid} within {cmd.timeout_s:.0f}s (is the main "
             "thread stuck? try SIGUSR2 or py-spy)"
@@ -177,10 +186,10 @@ def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     result = {
         "run_id": run_id,
         "pid": proc.pid,
-        "path": path,
-        "text": tail_text(path, STACKS_BYTES),
+        "path": os.path.join(run_dir, name),
+        "text": text,
     }
-    if cmd.pyspy and shutil.which("py-spy"):
+    if cmd.pyspy and shutil.which("py-spy") and still(proc):  # py-spy attaches by pid
         r = subprocess.run(
             ["py-spy", "dump", "--native", "--pid", str(proc.pid)],
             check=False,

@@ -1,27 +1,105 @@
-"""Following files: one file's new complete lines, heartbeat.json's changes, and inotify to
-sleep until either happens."""
+"""Reading a run's files: never through a symlink, never blocking on a FIFO; one file's new
+complete lines, heartbeat.json's changes, and inotify to sleep until either happens.
+
+Nothing outside the run root is read through it: a run dir is a real folder directly under
+the root, and a run's file a regular file directly in it. Each is opened without following a
+symlink (O_NOFOLLOW, the file relative to its folder's descriptor), so a planted
+`runs/evil -> /etc` or `train.log -> /etc/passwd` is refused, not followed; a FIFO is opened
+with O_NONBLOCK and refused as no regular file, so it never stalls the agent.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 from typing import Any
 
+from dflash_tui.agent.errors import CommandError
 from trainer.contract.heartbeat import MAX_HEARTBEAT_BYTES, parse_heartbeat
 from trainer.contract.protocol import MAX_TEXT_BYTES, TAIL_BYTES
 from trainer.contract.typed import Unreadable, parse_json, read_bounded
 
 READ_CHUNK = 1 << 20  # bytes read per file per poll: bounded work, bounded latency
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # one plain name: no `..`, no /
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def tail_text(path: str, max_bytes: int) -> str:
-    """The last `max_bytes` of a file as text; "" when it cannot be read."""
+class Refused(CommandError):
+    """A path under the run root that is not what a run's folder or file is (a symlink, a FIFO,
+    a device): refused, never followed. The message says what it is."""
+
+
+def what_is(path: str) -> str:
+    """What `path` itself is, in words ("a symlink to /etc", "a FIFO")."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode("utf-8", "replace")
+        mode = os.lstat(path).st_mode
     except OSError:
+        return "gone"
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symlink to {os.readlink(path)}"
+        except OSError:
+            return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
+def open_dir(path: str) -> int:
+    """A folder's descriptor, refused when `path` itself is a symlink or no folder (the
+    folders above it are followed: the run root may live behind a symlink)."""
+    try:
+        return os.open(path, _READ | os.O_DIRECTORY)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Refused(f"{path} is {what_is(path)}: refused, not followed") from None
+        raise
+
+
+def open_in(folder: str, name: str) -> int:
+    """`folder/name` opened for reading: the folder and the file each without following a
+    symlink, the file relative to the folder's descriptor, and only a regular file (opening
+    a FIFO would block the agent; O_NONBLOCK makes that open return). FileNotFoundError when
+    either is missing."""
+    if not SAFE_NAME.match(name):
+        raise Refused(f"bad file name {name!r}")
+    dir_fd = open_dir(folder)
+    path = os.path.join(folder, name)
+    try:
+        fd = os.open(name, _READ | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise Refused(f"{path} is {what_is(path)}: refused, not followed") from None
+        raise
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Refused(f"{path} is {what_is(path)}, not a regular file: refused")
+    return fd
+
+
+def read_tail(folder: str, name: str, max_bytes: int) -> str:
+    """The last `max_bytes` of `folder/name` as text (open_in's rules and errors)."""
+    with os.fdopen(open_in(folder, name), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - max_bytes))
+        return f.read(max_bytes).decode("utf-8", "replace")
+
+
+def tail_or_empty(folder: str, name: str, max_bytes: int) -> str:
+    """read_tail, or "" when the file is missing, unreadable or refused."""
+    try:
+        return read_tail(folder, name, max_bytes)
+    except (OSError, Refused):
         return ""
 
 
@@ -29,7 +107,8 @@ class FileFollower:
     """Complete lines appended to one file, with their byte offsets.
 
     Survives the file not existing yet, truncation in place (size < offset: restart at the
-    new end) and replacement (a new inode: rotation, restart at 0)."""
+    new end) and replacement (a new inode: rotation, restart at 0). A line longer than
+    `max_text` is cut there and marked, and the rest of it skipped: memory stays bounded."""
 
     def __init__(
         self,
@@ -39,19 +118,33 @@ class FileFollower:
         max_text: int = MAX_TEXT_BYTES,
     ):
         self.path = path
+        self.folder, self.name = os.path.split(path)
         self.offset = offset  # next byte to read; None = decide at first sight
         self.tail_bytes = tail_bytes
         self.max_text = max_text  # a longer line is cut here, marked, and its rest skipped
         self.inode: int | None = None
         self.partial = b""  # the start of an unfinished line (at most max_text bytes of it)
         self.skipped = 0  # bytes of the unfinished line dropped past max_text
+        self.refused: str | None = None  # why the file is not followed (a symlink, a FIFO)
 
     def poll(self) -> tuple[list[tuple[int, int, str]], dict[str, Any] | None]:
-        """-> (lines [(offset, end, text)], notice {size, reason} or None)."""
+        """-> (lines [(offset, end, text)], notice {size, reason} or None). The file is opened
+        through open_in each time (never through a symlink); a refused one yields nothing and
+        says why in `refused`."""
         try:
-            st = os.stat(self.path)
+            fd = open_in(self.folder, self.name)
         except FileNotFoundError:
             return [], None
+        except Refused as e:
+            self.refused = str(e)
+            return [], None
+        self.refused = None
+        with os.fdopen(fd, "rb") as f:
+            return self._read(f, os.fstat(fd))
+
+    def _read(
+        self, f: Any, st: os.stat_result
+    ) -> tuple[list[tuple[int, int, str]], dict[str, Any] | None]:
         notice = None
         if self.inode is not None and st.st_ino != self.inode:
             notice = {"size": st.st_size, "reason": "replaced"}
@@ -63,13 +156,12 @@ class FileFollower:
         if self.offset is None:
             self.offset = 0
             if st.st_size > self.tail_bytes:
-                self.offset = self._line_start_after(st.st_size - self.tail_bytes)
+                self.offset = _line_start_after(f, st.st_size - self.tail_bytes)
         start = self._read_to()
         if st.st_size <= start:
             return [], notice
-        with open(self.path, "rb") as f:
-            f.seek(start)
-            data = f.read(min(READ_CHUNK, st.st_size - start))
+        f.seek(start)
+        data = f.read(min(READ_CHUNK, st.st_size - start))
         lines = []
         pos = 0  # in `data`
         while pos < len(data):
@@ -96,17 +188,17 @@ class FileFollower:
             text += f" … [line of {total:,} bytes cut at {len(self.partial):,}]"
         return text
 
-    def _line_start_after(self, pos: int) -> int:
-        with open(self.path, "rb") as f:
-            f.seek(pos)
-            while True:
-                chunk = f.read(65536)
-                if not chunk:
-                    return pos
-                nl = chunk.find(b"\n")
-                if nl >= 0:
-                    return pos + nl + 1
-                pos += len(chunk)
+
+def _line_start_after(f: Any, pos: int) -> int:
+    f.seek(pos)
+    while True:
+        chunk = f.read(65536)
+        if not chunk:
+            return pos
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(chunk)
 
 
 class HeartbeatWatch:
@@ -122,7 +214,7 @@ class HeartbeatWatch:
     def poll(self) -> tuple[str, Any] | None:
         """-> ("ok", the heartbeat as written) | ("error", why) | None when unchanged."""
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)  # the name itself: read_bounded refuses a symlink there
         except FileNotFoundError:
             return None
         sig = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -153,6 +245,7 @@ class Inotify:
 
     # MODIFY ATTRIB CLOSE_WRITE MOVED_TO CREATE DELETE
     MASK = 0x2 | 0x4 | 0x8 | 0x80 | 0x100 | 0x200
+    DONT_FOLLOW = 0x02000000  # IN_DONT_FOLLOW: a run dir swapped for a symlink is not watched
 
     def __init__(self) -> None:
         import ctypes
@@ -173,8 +266,8 @@ class Inotify:
             if path not in paths:
                 self._rm(self.fd, self.watches.pop(path))
         for path in paths:
-            if path not in self.watches and os.path.isdir(path):
-                wd = self._add(self.fd, os.fsencode(path), self.MASK)
+            if path not in self.watches and os.path.isdir(path) and not os.path.islink(path):
+                wd = self._add(self.fd, os.fsencode(path), self.MASK | self.DONT_FOLLOW)
                 if wd >= 0:
                     self.watches[path] = wd
 

@@ -1,35 +1,21 @@
 """Stopping a run: SIGTERM to its process group, SIGKILL after a timeout, then waiting until
-its GPU memory is released (the next run needs it), and reading the exit record."""
+its GPU memory is released (the next run needs it), and reading the exit record. Only a
+group proven to be the run's is signalled (identity.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
-from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.gpus import Gpus
-from dflash_tui.agent.procs import group_pids, proc_start
-from dflash_tui.agent.runs import Process, RunRoot
+from dflash_tui.agent.identity import Group, prove
+from dflash_tui.agent.runs import RunRoot
 from trainer.contract.protocol import GpuProcess
 from trainer.contract.records import ExitRecord, read_exit
 
 GpuEntries = dict[tuple[int, int], GpuProcess]  # (GPU index, pid) -> its process entry
-
-
-def run_group(proc: Process) -> list[int]:
-    """The live pids of the run's process group. When the leader's pid now names another
-    process (it started at another time), that group is a stranger's: none of them."""
-    if proc.pgid is None:
-        return []
-    if proc.start is not None and proc.pid == proc.pgid:
-        now = proc_start(proc.pgid)
-        if now is not None and now != proc.start:
-            return []
-    return group_pids(proc.pgid)
 
 
 def gpu_entries(gpus: Gpus) -> GpuEntries | None:
@@ -50,36 +36,30 @@ def kill(
     drain_timeout: float,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    proc = runs.process(run_id)
-    pgid = proc.pgid
-    if not pgid:
-        raise CommandError(f"run {run_id} has no recorded process group")
-    pids = run_group(proc)
+    group = Group(prove(runs, run_id))  # refuses, signalling nothing, unless proven
     before = gpu_entries(gpus)
     t0 = time.monotonic()
     used = "SIGTERM"
+    pids = group.signal(signal.SIGTERM)
     if pids:
-        progress(f"SIGTERM to process group {pgid} (pids {pids})")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
+        progress(f"SIGTERM to process group {group.pgid} (pids {pids})")
         next_note = 5.0
-        while run_group(proc) and time.monotonic() - t0 < timeout:
+        while group.members() and time.monotonic() - t0 < timeout:
             if time.monotonic() - t0 > next_note:
                 progress(
                     f"waiting for a clean exit: {time.monotonic() - t0:.0f}s of {timeout:.0f}s"
                 )
                 next_note += 5.0
             time.sleep(0.1)
-        if run_group(proc):
+        if group.members():
             used = "SIGKILL"
             progress(f"still alive after {timeout:.0f}s: SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
+            group.signal(signal.SIGKILL)
             end = time.monotonic() + 10
-            while run_group(proc) and time.monotonic() < end:
+            while group.members() and time.monotonic() < end:
                 time.sleep(0.05)
     stop_s = time.monotonic() - t0
-    orphans = run_group(proc)
+    orphans = group.members()
     drain_s, held = wait_drain(gpus, pids, before, drain_timeout, progress)
     # The wrapper records the exit; give it a moment.
     run_dir = runs.run_dir(run_id)

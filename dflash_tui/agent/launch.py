@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_tui.agent.errors import CommandError
-from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.files import tail_or_empty
 from dflash_tui.agent.runs import RunRoot, take_lock
 from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
 from trainer.contract.records import (
@@ -52,7 +52,7 @@ def launch(
 ) -> dict[str, Any]:
     release = release_dir(remote_dir)
     os.makedirs(runs.path, exist_ok=True)
-    lock_fd = os.open(runs.lock_path(), os.O_RDWR | os.O_CREAT, 0o644)
+    lock_fd = runs.open_lock(create=True)
     try:
         if not take_lock(lock_fd, tries=25):
             alive = runs.active_run() or "?"
@@ -129,8 +129,8 @@ def wait_started(run_id: str, run_dir: str, timeout: float) -> dict[str, Any]:
         ended = read_exit(run_dir)
         if ended is not None:
             how = ended.describe() if isinstance(ended, ExitRecord) else str(ended)
-            launch_log = tail_text(os.path.join(run_dir, LAUNCH_LOG), 4000).rstrip()
-            train_log = tail_text(os.path.join(run_dir, TRAIN_LOG), 8000).rstrip()
+            launch_log = tail_or_empty(run_dir, LAUNCH_LOG, 4000).rstrip()
+            train_log = tail_or_empty(run_dir, TRAIN_LOG, 8000).rstrip()
             raise CommandError(
                 f"run {run_id} exited at start ({how})\n--- launch.log\n{launch_log}\n"
                 f"--- train.log\n{train_log}"

@@ -78,6 +78,7 @@ class Agent:
         self.last_liveness_at = 0.0
         self.last_runs: tuple[Any, ...] | None = None
         self.last_runs_at = 0.0
+        self.said_refused: dict[str, str] = {}  # symlinks under the run root, warned about
         vendored = os.path.join(self.remote_dir, "current", "_vendor")
         if os.path.isdir(vendored):
             sys.path.insert(0, vendored)  # the pynvml that deploy carried along
@@ -226,11 +227,14 @@ class Agent:
                 else:
                     self.out.emit(HeartbeatError(run_id=run_id, error=value))
         for name, follower in followers.items():
+            refused = follower.refused
             try:
                 lines, notice = follower.poll()
             except OSError as e:
                 self.log("warning", f"{name}: {e}")
                 continue
+            if follower.refused is not None and follower.refused != refused:
+                self.log("warning", follower.refused)  # once, not every tick
             if notice:
                 self.out.emit(Truncated(run_id=run_id, file=name, **notice))
             for offset, end, text in lines:
@@ -263,6 +267,10 @@ class Agent:
         every RUNS_EVERY_S anyway."""
         alive = self.runs.alive_run()
         ids = self.runs.run_ids()
+        for name, why in self.runs.refused.items():
+            if self.said_refused.get(name) != why:  # once per planted name, not every second
+                self.log("warning", f"{os.path.join(self.runs.path, name)} is {why}")
+        self.said_refused = dict(self.runs.refused)
         if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
             self.set_follow(ids[-1], {})
         sig = (tuple(ids), alive)

@@ -1,4 +1,5 @@
-"""What /proc says about a process: whether it lives, when it started, its process group.
+"""What /proc says about a process: whether it lives, when it started, its process group,
+whether it holds a lock.
 
 A pid alone does not name a process: once it exits, the kernel hands the number to the next
 one. The start time (field 22 of /proc/PID/stat, in clock ticks since boot) does not repeat
@@ -56,13 +57,57 @@ def pid_alive(pid: int | None, start: int | None = None) -> bool:
     return start is None or int(fields[_START]) == start
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes in process group `pgid`."""
+def proc_group(pid: int) -> int | None:
+    """The process group of a live (non-zombie) process; None when it is gone."""
+    fields = _stat(pid)
+    return int(fields[_PGRP]) if fields is not None and fields[_STATE] != "Z" else None
+
+
+def group_members(pgid: int) -> list[tuple[int, int]]:
+    """(pid, start) of the live (non-zombie) processes in process group `pgid`, by pid."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat(entry)
         if fields is not None and fields[_STATE] != "Z" and int(fields[_PGRP]) == pgid:
-            out.append(int(entry))
+            out.append((int(entry), int(fields[_START])))
     return sorted(out)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in process group `pgid`."""
+    return [pid for pid, _start in group_members(pgid)]
+
+
+def ticks_to_s(ticks: int) -> float:
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def holds_flock(pid: int, path: str) -> bool | None:
+    """Whether the process holds the flock on `path` itself: one of its descriptors is open on
+    that file and its open file description holds the lock (the `lock:` line the kernel shows
+    in /proc/PID/fdinfo/FD for that description only). None when its descriptors cannot be
+    read (another user's process)."""
+    try:
+        target = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except PermissionError:
+        return None
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) != (target.st_dev, target.st_ino):
+            continue
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                info = f.read(65536).decode("ascii", "replace")
+        except OSError:
+            continue
+        if any(line.startswith("lock:") and " FLOCK " in line for line in info.splitlines()):
+            return True
+    return False

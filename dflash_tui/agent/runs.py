@@ -1,20 +1,29 @@
 """The run root: which folders are runs, the launch lock, each run's process, the one
 liveness rule, and each run's line in the runs list (`RunInfo`, built from the contract's
-readers: a torn or foreign file is named in `unreadable`, never a crash of the list)."""
+readers: a torn or foreign file is named in `unreadable`, never a crash of the list).
+
+Nothing outside the run root is read through it: a run dir is a real folder directly under
+the root, and a run's file a regular file directly in it. Each is opened without following a
+symlink (O_NOFOLLOW, the file relative to its folder's descriptor), so a planted
+`runs/evil -> /etc` or `train.log -> /etc/passwd` is refused, not followed.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import os
 import re
 import secrets
 import socket
+import stat
 import time
 from typing import TypeVar
 
-from dflash_tui.agent.files import tail_text
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in, tail_or_empty, what_is
 from dflash_tui.agent.procs import pid_alive
 from trainer.contract.comparable import signature_of
 from trainer.contract.environment import read_environment, read_preflight
@@ -40,11 +49,11 @@ from trainer.contract.records import (
     write_json_atomic,
 )
 from trainer.contract.steplines import parse_step_line
-from trainer.contract.typed import Unreadable
+from trainer.contract.typed import Unreadable, read_bounded
 
 LOCK_NAME = ".launch.lock"  # flock-ed while a launched run lives
 ACTIVE_NAME = ".active.json"  # which run holds the lock: {run_id, wrapper_pid}
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SAFE_ID = SAFE_NAME  # a run id: one plain name, no `..`, no slash
 CHECKPOINT_NAME = re.compile(r"^step-\d+\.pt$")
 LAST_WORDS_BYTES = 16 * 1024  # how much of a log's end to search for its last words
 METRICS_CHUNK = 4 << 20  # bytes of metrics.jsonl held at once while summarising it
@@ -60,19 +69,29 @@ class Process:
     pgid: int | None = None
     start: int | None = None  # proc_start: with the pid, it names the process
     here: bool = True  # recorded on this host (a shared run root may hold other hosts' runs)
+    host: str | None = None  # the host its heartbeat names
+    launched: bool = False  # launch.json is there: the run holds the launch lock while it lives
+    schema: int | None = None  # its heartbeat's schema (1 recorded no start time)
 
 
 def process_of(launch: LaunchRecord | None, hb: Heartbeat | None) -> Process:
     """launch.json's pid (the wrapper wrote it), else the heartbeat's (a run started by hand)."""
-    here = hb is None or hb.host == socket.gethostname()
+    known = Process(
+        here=hb is None or hb.host == socket.gethostname(),
+        host=hb.host if hb else None,
+        launched=launch is not None,
+        schema=hb.schema if hb else None,
+    )
     if launch is not None and launch.pid:
         start = launch.proc_start
         if start is None and hb is not None and hb.pid == launch.pid:
             start = hb.proc_start
-        return Process(launch.pid, launch.pgid or launch.pid, start, here)
+        return dataclasses.replace(
+            known, pid=launch.pid, pgid=launch.pgid or launch.pid, start=start
+        )
     if hb is not None:
-        return Process(hb.pid, hb.process_group, hb.proc_start, here)
-    return Process(here=here)
+        return dataclasses.replace(known, pid=hb.pid, pgid=hb.process_group, start=hb.proc_start)
+    return known
 
 
 def is_alive(run_id: str, alive_run: str | None, has_exit: bool, proc: Process) -> bool:
@@ -98,11 +117,15 @@ def _readable(value: T | Unreadable | None, name: str, unreadable: list[str]) ->
 def newest_checkpoint(run_dir: str) -> str | None:
     """checkpoints/step-*.pt with the highest step, relative to the run dir."""
     try:
-        names = [
-            n for n in os.listdir(os.path.join(run_dir, CHECKPOINTS)) if CHECKPOINT_NAME.match(n)
-        ]
+        fd = open_dir(os.path.join(run_dir, CHECKPOINTS))
+    except (OSError, Refused):
+        return None
+    try:
+        names = [n for n in os.listdir(fd) if CHECKPOINT_NAME.match(n)]
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if not names:
         return None
     newest = max(names, key=lambda n: int(n[len("step-") : -len(".pt")]))
@@ -113,7 +136,7 @@ def last_words(run_dir: str) -> str:
     """The last line of train.log, else launch.log, that is not a step line: what a run said
     before it ended without recording an error ("error: train.lr: expected a number")."""
     for name in (TRAIN_LOG, LAUNCH_LOG):
-        text = tail_text(os.path.join(run_dir, name), LAST_WORDS_BYTES)
+        text = tail_or_empty(run_dir, name, LAST_WORDS_BYTES)
         for raw in reversed(text.splitlines()):
             line = raw.strip()
             if line and parse_step_line(line) is None:
@@ -161,31 +184,64 @@ def take_lock(fd: int, tries: int, pause_s: float = 0.02) -> bool:
     return False
 
 
+def _is_real(path: str, kind: int) -> bool:
+    """`path` itself (not what a symlink there names) is a file of this kind (stat.S_IFDIR…)."""
+    try:
+        return stat.S_IFMT(os.lstat(path).st_mode) == kind
+    except OSError:
+        return False
+
+
 class RunRoot:
     def __init__(self, path: str) -> None:
         self.path = path
         self._metrics: dict[str, _MetricsSummary] = {}
         self._created: dict[str, float] = {}  # read once: it never changes
+        # Names under the root that look like runs but are refused (a symlink), with why:
+        # never listed as runs, never followed.
+        self.refused: dict[str, str] = {}
 
     def run_dir(self, run_id: str) -> str:
+        """The run's path (its id checked: one plain name, no `..`, no slash)."""
         if not isinstance(run_id, str) or not SAFE_ID.match(run_id):
             raise ValueError(f"bad run id {run_id!r}")
         return os.path.join(self.path, run_id)
 
+    def checked_dir(self, run_id: str) -> str:
+        """run_dir, for a command about the run: it must be there, a real folder directly
+        under the run root (a symlink there is refused, whatever it names)."""
+        try:
+            d = self.run_dir(run_id)
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+        if _is_real(d, stat.S_IFDIR):
+            return d
+        if not os.path.lexists(d):
+            raise CommandError(f"no run {run_id!r} under {self.path}")
+        raise Refused(f"{d} is {what_is(d)}: not a run, refused")
+
     def is_run(self, name: str) -> bool:
-        """A folder with config.json (the trainer started) or launch.json (the agent launched
-        it: a run that died before start has nothing else)."""
+        """A real folder (not a symlink) with config.json (the trainer started) or launch.json
+        (the agent launched it: a run that died before start has nothing else)."""
         d = os.path.join(self.path, name)
-        return bool(SAFE_ID.match(name)) and any(
-            os.path.isfile(os.path.join(d, f)) for f in RUN_FILES
+        return (
+            bool(SAFE_ID.match(name))
+            and _is_real(d, stat.S_IFDIR)
+            and any(_is_real(os.path.join(d, f), stat.S_IFREG) for f in RUN_FILES)
         )
 
     def run_ids(self) -> list[str]:
-        """Oldest first."""
+        """Oldest first. A symlink under the root is no run: it is not listed (listing it
+        would invite following it), and `refused` says why it was left out."""
         try:
             names = os.listdir(self.path)
         except FileNotFoundError:
             return []
+        self.refused = {
+            n: f"{what_is(os.path.join(self.path, n))}: not a run, not followed"
+            for n in names
+            if SAFE_ID.match(n) and os.path.islink(os.path.join(self.path, n))
+        }
         return sorted((n for n in names if self.is_run(n)), key=self.created)
 
     def latest(self) -> str | None:
@@ -219,11 +275,30 @@ class RunRoot:
     def lock_path(self) -> str:
         return os.path.join(self.path, LOCK_NAME)
 
-    def alive_run(self) -> str | None:
-        """The run holding the launch lock ("?" when .active.json does not say), or None."""
+    def open_lock(self, create: bool = False) -> int:
+        """The launch lock's descriptor: the file itself, never what a symlink there names,
+        and never a FIFO (it would block the agent). FileNotFoundError when it is not there
+        (and not `create`), Refused when it is no regular file."""
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        flags |= os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
+        path = self.lock_path()
         try:
-            fd = os.open(self.lock_path(), os.O_RDONLY)
-        except FileNotFoundError:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise Refused(f"{path} is {what_is(path)}: refused, not followed") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Refused(f"{path} is {what_is(path)}, not a regular file: refused")
+        return fd
+
+    def alive_run(self) -> str | None:
+        """The run holding the launch lock ("?" when .active.json does not say), or None (also
+        when the lock is no regular file: refused, so it says nothing)."""
+        try:
+            fd = self.open_lock()
+        except (OSError, Refused):
             return None
         try:
             if not take_lock(fd, tries=3):
@@ -235,10 +310,12 @@ class RunRoot:
 
     def active_run(self) -> str | None:
         """The run .active.json names (the last one launched)."""
+        raw = read_bounded(os.path.join(self.path, ACTIVE_NAME), 65536)
+        if not isinstance(raw, bytes):
+            return None
         try:
-            with open(os.path.join(self.path, ACTIVE_NAME), "rb") as f:
-                data = json.loads(f.read(65536))
-        except (OSError, ValueError, RecursionError):
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
             return None
         run_id = data.get("run_id") if isinstance(data, dict) else None
         return run_id if isinstance(run_id, str) and run_id else None
@@ -284,7 +361,7 @@ class RunRoot:
         if outcome.kind in (DIED, CRASH) and not recorded_error:
             # Only these summaries quote the logs: read them only for these runs.
             outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d))
-        best, last, steps = self._metrics_summary(run_id, os.path.join(d, METRICS))
+        best, last, steps = self._metrics_summary(run_id, d)
         name = config.get("name") if config is not None else None
         return RunInfo(
             run_id=run_id,
@@ -309,18 +386,19 @@ class RunRoot:
             preflight=read_preflight(config),
         )
 
-    def _metrics_summary(self, run_id: str, path: str) -> tuple[float | None, float | None, int]:
+    def _metrics_summary(self, run_id: str, run_dir: str) -> tuple[float | None, float | None, int]:
         """Best/last tok/s and the last step, read incrementally: a 1 GB metrics file is
         scanned once, in bounded chunks, and then only what was appended."""
         try:
-            st = os.stat(path)
-        except OSError:
+            fd = open_in(run_dir, METRICS)
+        except (OSError, Refused):
             return None, None, 0
-        s = self._metrics.get(run_id)
-        if s is None or s.inode != st.st_ino or st.st_size < s.offset:
-            s = self._metrics[run_id] = _MetricsSummary(st.st_ino)
-        if st.st_size > s.offset:
-            with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            s = self._metrics.get(run_id)
+            if s is None or s.inode != st.st_ino or st.st_size < s.offset:
+                s = self._metrics[run_id] = _MetricsSummary(st.st_ino)
+            if st.st_size > s.offset:
                 f.seek(s.offset)
                 while s.offset < st.st_size:
                     data = f.read(min(METRICS_CHUNK, st.st_size - s.offset))

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dflash_tui.link.bundle import agent_blob
-from dflash_tui.targets import Target
+from dflash_tui.link.hostkeys import host_key_policy, known_hosts, make_client, record_host_key
+from dflash_tui.targets import Target, TargetError
 
 # Reads the agent's length-prefixed source from stdin and runs it as __main__; the same
 # stdin then carries the commands.
@@ -177,7 +178,8 @@ class SshTransport:
     """One asyncssh connection; the agent runs in one channel of it.
 
     ~/.ssh/config aliases, identity files and ProxyJump come from asyncssh's OpenSSH config
-    support. known_hosts checking stays on: a mismatch is refused, never retried."""
+    support. Host-key checking stays on whatever the config says (hostkeys.py): a mismatch is
+    refused, never retried; `StrictHostKeyChecking accept-new` trusts a new host once."""
 
     KEEPALIVE_S = 15
     KEEPALIVE_COUNT = 3
@@ -187,6 +189,7 @@ class SshTransport:
         self.target = target
         self.agent_extra = agent_extra or []
         self.conn: Any = None
+        self.recorded: str | None = None  # the known_hosts line accept-new added
 
     async def connect(self) -> None:
         import asyncssh
@@ -205,16 +208,26 @@ class SshTransport:
             options["username"] = t.user
         if t.identity:
             options["client_keys"] = [os.path.expanduser(t.identity)]
-        if t.known_hosts:
-            options["known_hosts"] = os.path.expanduser(t.known_hosts)
         where = self.describe()
         try:
-            self.conn = await asyncssh.connect(t.host or "", **options)
+            policy = host_key_policy(t)
+            known = known_hosts(policy)
+        except (TargetError, ValueError, OSError) as e:  # ValueError: a bad known_hosts line
+            raise ConnectError(str(e), fatal=True) from None
+        # Always given here: asyncssh would take `UserKnownHostsFile none` as "no checking".
+        options["known_hosts"] = known
+        made: list[Any] = []
+
+        def client() -> Any:
+            made.append(make_client(policy, known))
+            return made[-1]
+
+        try:
+            self.conn = await asyncssh.connect(t.host or "", client_factory=client, **options)
         except asyncssh.HostKeyNotVerifiable as e:
-            kh = t.known_hosts or "~/.ssh/known_hosts"
             raise ConnectError(
-                f"host key of {where} not accepted ({e.reason}): check {kh}; if the host was "
-                "reinstalled, remove its old entry",
+                f"host key of {where} not accepted ({e.reason}): check "
+                f"{', '.join(policy.files)}; if the host was reinstalled, remove its old entry",
                 fatal=True,
             ) from None
         except asyncssh.PermissionDenied:
@@ -230,6 +243,19 @@ class SshTransport:
             if isinstance(e, asyncio.TimeoutError):
                 text = f"no answer within {self.CONNECT_TIMEOUT_S}s"
             raise ConnectError(f"{where} unreachable: {text}") from None
+        learned = next((c.learned for c in made if c.learned is not None), None)
+        if learned is not None:  # accept-new: trusted on first use, kept as OpenSSH keeps it
+            host, port, key = learned
+            try:
+                self.recorded = record_host_key(policy.record_to, host, port, key)
+            except OSError as e:
+                self.conn.close()
+                self.conn = None
+                raise ConnectError(
+                    f"{where}: could not record its host key in {policy.record_to} ({e}); "
+                    "not connecting to a host whose key is not kept",
+                    fatal=True,
+                ) from None
 
     async def start_agent(self) -> AgentProcess:
         import asyncssh

@@ -19,8 +19,11 @@ Standard library only, Python >= 3.10: the agent carries this module to the trai
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
+import os
+import stat
 import types
 import typing
 from pathlib import Path
@@ -166,16 +169,37 @@ def _decode_record(cls: type, value: Any, where: str, lenient: bool) -> Any:
     return cls(**kwargs)
 
 
+# A record is read only from a regular file at its own name: a symlink there is refused, not
+# followed (a planted `heartbeat.json -> /etc/shadow`), and a FIFO is never waited on.
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
 def read_bounded(path: str | Path, limit: int) -> bytes | Unreadable | None:
     """A file's bytes, or why not; None when it does not exist. Reads at most limit + 1 bytes:
-    a huge or endless file costs bounded memory, and `parse_json` names it too large."""
+    a huge or endless file costs bounded memory, and `parse_json` names it too large. Only a
+    regular file is read: a symlink at `path` is refused, not followed, and a FIFO or device
+    is refused without blocking."""
+    name = Path(path).name
     try:
-        with open(path, "rb") as f:
-            return f.read(limit + 1)
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return None
     except OSError as e:
-        return Unreadable(Path(path).name, e.strerror or str(e))
+        if e.errno == errno.ELOOP:
+            return Unreadable(name, "a symlink: refused, not followed")
+        return Unreadable(name, e.strerror or str(e))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return Unreadable(name, "not a regular file: refused")
+        try:
+            return f.read(limit + 1)
+        except OSError as e:
+            return Unreadable(name, e.strerror or str(e))
 
 
 def parse_json(raw: bytes | str, what: str, limit: int) -> Any:

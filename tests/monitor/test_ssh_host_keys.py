@@ -1,0 +1,108 @@
+"""Host-key checking that ~/.ssh/config cannot turn off: `dflash-tui` as an operator runs it,
+with a HOME of its own whose ~/.ssh/config names a real sshd on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def home_with_config(tmp_path: Path, sshd, *lines: str) -> tuple[Path, Path]:
+    """A HOME whose ~/.ssh/config has `Host gpu-box` reaching `sshd`, plus `lines` in that
+    block -> (HOME, the config file)."""
+    home = tmp_path / "home"
+    ssh = home / ".ssh"
+    ssh.mkdir(parents=True)
+    config = ssh / "config"
+    body = [
+        "Host gpu-box",
+        "    HostName 127.0.0.1",
+        f"    Port {sshd.port}",
+        f"    User {sshd.user}",
+        f"    IdentityFile {sshd.client_key}",
+        "    IdentitiesOnly yes",
+        *(f"    {line}" for line in lines),
+    ]
+    config.write_text("\n".join(body) + "\n")
+    return home, config
+
+
+def cli(home: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    where = ["--remote-dir", str(tmp_path / "remote"), "--python", sys.executable]
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("XDG_CONFIG_HOME", None)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_tui", "runs", "gpu-box", *where, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def one_line(text: str) -> str:
+    assert text.strip() and "\n" not in text.strip(), text
+    return text.strip()
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("UserKnownHostsFile none", "UserKnownHostsFile none is refused"),
+        ("UserKnownHostsFile /dev/null", "UserKnownHostsFile /dev/null is refused"),
+        ("StrictHostKeyChecking no", "StrictHostKeyChecking no is refused"),
+    ],
+)
+def test_a_config_that_turns_host_key_checking_off_is_refused(sshd, tmp_path, option, expected):
+    home, config = home_with_config(tmp_path, sshd, option)
+    r = cli(home, tmp_path)
+    assert r.returncode == 2, r
+    line = one_line(r.stderr)
+    assert line.startswith(f"dflash-tui: {config} line 7: {expected}"), line
+    assert "always checks host keys" in line
+    assert r.stdout == ""
+    # Refused before any connection: the server never saw this client.
+    assert "Accepted publickey" not in sshd.log_path.read_text()
+
+
+def test_accept_new_trusts_a_new_host_once_and_refuses_a_changed_key(sshd, tmp_path):
+    known = tmp_path / "home" / ".ssh" / "known_hosts"
+    home, _ = home_with_config(
+        tmp_path, sshd, f"UserKnownHostsFile {known}", "StrictHostKeyChecking accept-new"
+    )
+    known.write_text("")  # empty: the host is new
+
+    first = cli(home, tmp_path)
+    assert first.returncode == 0, first
+    key_type, key_b64 = sshd.host_key_pub.split()[:2]
+    assert known.read_text() == f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n"
+
+    again = cli(home, tmp_path)  # the key kept is the key served: connects, adds nothing
+    assert again.returncode == 0, again
+    assert known.read_text().count("\n") == 1
+
+    # The host's key changes (an impostor answers, or the host was reinstalled): refused.
+    wrong = sshd.wrong_known_hosts.read_text()
+    known.write_text(wrong)
+    changed = cli(home, tmp_path)
+    assert changed.returncode == 3, changed
+    assert "host key of" in changed.stderr and "not accepted" in changed.stderr
+    assert str(known) in changed.stderr
+    assert known.read_text() == wrong  # nothing trusted anew
+
+
+def test_without_accept_new_an_unknown_host_is_refused(sshd, tmp_path):
+    known = tmp_path / "home" / ".ssh" / "known_hosts"
+    home, _ = home_with_config(tmp_path, sshd, "StrictHostKeyChecking yes")
+    known.write_text("")
+    r = cli(home, tmp_path)
+    assert r.returncode == 3, r
+    assert "not accepted" in r.stderr and str(known) in r.stderr
+    assert known.read_text() == ""
