@@ -120,7 +120,7 @@ def test_a_run_that_dies_at_start_is_reported_at_once(remote_factory, local_targ
         launch(r, "train.not_a_key=1")
     text = str(e.value)
     assert "exited at start (exit code 2)" in text
-    assert "unknown config key 'train.not_a_key'" in text  # the trainer's own output
+    assert "config: train.not_a_key = 1: unknown key" in text  # the trainer's own output
     (run_dir,) = [p for p in (Path(local_target.remote_dir) / "runs").iterdir() if p.is_dir()]
     exit_info = json.loads((run_dir / "exit.json").read_text())
     assert exit_info["exit_code"] == 2
