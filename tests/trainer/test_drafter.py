@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_drafter import tiny_drafter
 
 from trainer.attention import DenseMask, dense_dflash_mask
 from trainer.blocks import block_labels_and_weights, block_positions, block_token_ids
@@ -21,28 +22,7 @@ def tiny(tiny_target_dir):
     tok, mask_id = load_tokenizer(tiny_target_dir, "<|MASK|>")
     layer_ids = default_target_layer_ids(8, 2)
     target = load_target(tiny_target_dir, layer_ids, torch.float32, torch.device("cpu"))
-    i = target.info
-    arch = DrafterArch(
-        hidden_size=i.hidden_size,
-        num_layers=2,
-        num_heads=i.num_heads,
-        num_kv_heads=i.num_kv_heads,
-        head_dim=i.head_dim,
-        intermediate_size=i.intermediate_size,
-        vocab_size=i.vocab_size,
-        rms_norm_eps=i.rms_norm_eps,
-        rope_theta=i.rope_theta,
-        block_size=BS,
-        mask_token_id=mask_id,
-        target_layer_ids=tuple(layer_ids),
-    )
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(arch, target.embed_weight, target.lm_head_weight).eval()
-    # Larger than the 0.02 init so predictions differ clearly between positions.
-    with torch.no_grad():
-        for p in drafter.parameters():
-            if p.requires_grad and p.dim() == 2:
-                p.normal_(0, 0.2)
+    drafter = tiny_drafter(target, mask_id, BS).eval()
     text = "<|im_start|>user\ncount from 3 by 2<|im_end|>\n<|im_start|>assistant\n" + " ".join(
         str(3 + 2 * j) for j in range(30)
     )

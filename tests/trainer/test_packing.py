@@ -7,10 +7,10 @@ import random
 
 import pytest
 import torch
+from tiny_drafter import tiny_drafter
 
 from trainer.blocks import sample_anchors
 from trainer.data import Batch, Sample, load_samples, resolve_data_path
-from trainer.model import DFlashDrafter, DrafterArch
 from trainer.packing import (
     collate_packs,
     epoch_pack_batches,
@@ -98,27 +98,7 @@ def tiny(request):
     info = read_target_info(target_dir)
     layer_ids = default_target_layer_ids(info.num_layers, 2)
     target = load_target(target_dir, layer_ids, torch.float32, torch.device("cpu"))
-    i = target.info
-    arch = DrafterArch(
-        hidden_size=i.hidden_size,
-        num_layers=2,
-        num_heads=i.num_heads,
-        num_kv_heads=i.num_kv_heads,
-        head_dim=i.head_dim,
-        intermediate_size=i.intermediate_size,
-        vocab_size=i.vocab_size,
-        rms_norm_eps=i.rms_norm_eps,
-        rope_theta=i.rope_theta,
-        block_size=BS,
-        mask_token_id=mask_id,
-        target_layer_ids=tuple(layer_ids),
-    )
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(arch, target.embed_weight, target.lm_head_weight).train()
-    with torch.no_grad():
-        for p in drafter.parameters():
-            if p.requires_grad and p.dim() == 2:
-                p.normal_(0, 0.2)
+    drafter = tiny_drafter(target, mask_id, BS).train()
     return tok, target, drafter
 
 

@@ -1,0 +1,36 @@
+"""A drafter over a loaded tiny target, with weights large enough that predictions differ
+clearly between positions (the 0.02 init makes them nearly uniform)."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.model import DFlashDrafter, DrafterArch
+from trainer.target import LoadedTarget
+
+
+def tiny_drafter(
+    target: LoadedTarget, mask_id: int, block_size: int, num_layers: int = 2
+) -> DFlashDrafter:
+    i = target.info
+    arch = DrafterArch(
+        hidden_size=i.hidden_size,
+        num_layers=num_layers,
+        num_heads=i.num_heads,
+        num_kv_heads=i.num_kv_heads,
+        head_dim=i.head_dim,
+        intermediate_size=i.intermediate_size,
+        vocab_size=i.vocab_size,
+        rms_norm_eps=i.rms_norm_eps,
+        rope_theta=i.rope_theta,
+        block_size=block_size,
+        mask_token_id=mask_id,
+        target_layer_ids=tuple(target.layer_ids),
+    )
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(arch, target.embed_weight, target.lm_head_weight)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.normal_(0, 0.2)
+    return drafter
