@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import subprocess
-import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_trainer_cli import run_trainer
 
 from trainer.config import (
     _RULES,
@@ -38,13 +38,7 @@ CHAT = (ROOT / "trainer" / "datasets" / "synthetic-chat.jsonl").read_text().spli
 
 
 def trainer(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", "--set", "runtime.wandb_mode=disabled", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return run_trainer(*args, timeout=timeout)
 
 
 def the_one_line(r: subprocess.CompletedProcess[str]) -> str:
