@@ -69,6 +69,7 @@ EOF
   grep -m1 "^data:" "$run_dir/train.log" | tee -a "$log"
   "${cli[@]}" kill "${where[@]}" --timeout 60 2>&1 | tail -1 | tee -a "$log"
   cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
+  cp "$run_dir/config.json" "$out/config-$name.json" 2>/dev/null
 }
 
 for part in $parts; do
