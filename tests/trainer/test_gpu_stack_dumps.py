@@ -21,8 +21,16 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 def cli(*args: str, remote: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dflash_tui.cli", *args[:1], "local", "--remote-dir", str(remote)]
-        + list(args[1:]),
+        [
+            sys.executable,
+            "-m",
+            "dflash_tui.cli",
+            args[0],
+            "local",
+            "--remote-dir",
+            str(remote),
+            *args[1:],
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
