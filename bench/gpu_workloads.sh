@@ -7,6 +7,9 @@
 #   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
 #             disk), with and without flash-linear-attention, packed and unpacked (a harness)
 #   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s
+#   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
+#             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
+#             each, GPU roles, and the loss of each step both runs reached (issue 18)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -70,6 +73,7 @@ EOF
   "${cli[@]}" kill "${where[@]}" --timeout 60 2>&1 | tail -1 | tee -a "$log"
   cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
   cp "$run_dir/config.json" "$out/config-$name.json" 2>/dev/null
+  cp "$run_dir/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null
 }
 
 for part in $parts; do
@@ -113,11 +117,38 @@ EOF
       [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml 15 45 ;;
+    x2)
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure 8b-1gpu trainer/configs/qwen3-8b-h200.toml 15 45
+      # GPU1_FREE: a flag file another job on cuda:1 touches when it is done with it.
+      while [[ -n ${GPU1_FREE:-} && ! -e $GPU1_FREE ]]; do sleep 1; done
+      launch_and_measure 8b-1t1d trainer/configs/qwen3-8b-h200.toml 15 45 \
+        --set 'runtime.targets=["cuda:0"]' --set 'runtime.drafters=["cuda:1"]'
+      python3 - "$out" <<'EOF2' | tee -a "$log"
+import json, sys
+runs = {}
+for name in ("8b-1gpu", "8b-1t1d"):
+    try:
+        rows = [json.loads(x) for x in open(f"{sys.argv[1]}/metrics-{name}.jsonl") if x.strip()]
+    except OSError:
+        rows = []
+    runs[name] = {r["step"]: r["loss"] for r in rows}
+common = sorted(set(runs["8b-1gpu"]) & set(runs["8b-1t1d"]))
+if common:
+    diffs = [abs(runs["8b-1gpu"][s] - runs["8b-1t1d"][s]) for s in common]
+    print(f"LOSS same seed: {len(common)} common logged steps up to {common[-1]};"
+          f" max |diff| {max(diffs):.4f}, at the last step {diffs[-1]:.4f}"
+          f" ({runs['8b-1gpu'][common[-1]]:.4f} vs {runs['8b-1t1d'][common[-1]]:.4f})")
+else:
+    print("LOSS: no common logged steps")
+EOF2
+      ;;
     tiny)  # the script's own check, on any machine: the CPU demo config, packed vs not
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, x2, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"

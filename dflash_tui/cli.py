@@ -243,6 +243,8 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
             print(sanitize.lines(st.text))
             if st.pyspy:
                 print("# py-spy dump --native\n" + sanitize.lines(st.pyspy))
+            if st.seconds is not None:
+                print(f"# {st.kind} dump of pid {st.pid}, {st.seconds:.2f}s after the signal")
         elif name == "clear-cache":
             c = await control.clear_cache(link)
             _out(

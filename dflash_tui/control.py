@@ -157,6 +157,8 @@ class Stacks:
     pid: int | None = None
     path: str = ""
     pyspy: str | None = None
+    kind: str = "named"  # or "faulthandler": the C-level fallback, threads named
+    seconds: float | None = None  # signal -> dump read
 
 
 @dataclasses.dataclass

@@ -12,6 +12,10 @@ blocks or slows down; the real process dies):
                        compile (the warm-up compile)
   sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
   stall_checkpoint:S   every checkpoint save takes S seconds longer
+  steal_signals:N      after optimizer step N, SIGUSR1 is taken at the C level behind Python's
+                       back (set to ignore), as Triton's in-process LLVM does on the GPU
+  wedge_main:N         after optimizer step N the main thread blocks for good inside C code
+                       (a self-deadlocked mutex): no Python signal handler can run any more
 
 N counts the items that role has handled (from 0), or optimizer steps for nan and sigkill.
 """
@@ -26,7 +30,10 @@ import time
 
 ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
-GRAMMAR = "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
+GRAMMAR = (
+    "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
+    " | steal_signals:N | wedge_main:N"
+)
 
 
 class InjectedFault(RuntimeError):
@@ -52,6 +59,8 @@ class FaultPlan:
         self.nan_from: int | None = None
         self.sigkill_after: int | None = None
         self.checkpoint_stall_s = 0.0
+        self.steal_after: int | None = None
+        self.wedge_after: int | None = None
         for part in filter(None, (p.strip() for p in spec.split(","))):
             self._add(spec, part.split(":"))
 
@@ -66,6 +75,10 @@ class FaultPlan:
             self.nan_from = int(_number(spec, f[1], int))
         elif len(f) == 2 and f[0] == "sigkill":
             self.sigkill_after = int(_number(spec, f[1], int))
+        elif len(f) == 2 and f[0] == "wedge_main":
+            self.wedge_after = int(_number(spec, f[1], int))
+        elif len(f) == 2 and f[0] == "steal_signals":
+            self.steal_after = int(_number(spec, f[1], int))
         elif len(f) == 2 and f[0] == "stall_checkpoint":
             self.checkpoint_stall_s = _number(spec, f[1], float)
         else:
@@ -90,6 +103,23 @@ class FaultPlan:
     def after_step(self, step: int) -> None:
         if self.sigkill_after is not None and step >= self.sigkill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.steal_after is not None and step >= self.steal_after:
+            self.steal_after = None  # once, as LLVM registers its handlers once
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal(signal.SIGUSR1, ctypes.c_void_p(1))  # SIG_IGN, unseen by Python
+
+    def supervise(self, step: int) -> None:
+        """Called by the main thread as it supervises (DFLASH_FAULT=wedge_main:N)."""
+        if self.wedge_after is not None and step >= self.wedge_after:
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+            libc.pthread_mutex_lock(mutex)
+            libc.pthread_mutex_lock(mutex)  # a normal mutex locked twice: never returns
 
     def stall_checkpoint(self) -> None:
         if self.checkpoint_stall_s:

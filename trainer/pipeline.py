@@ -366,6 +366,7 @@ class Pipeline:
         while True:
             if self.abort.wait(0.2):
                 break
+            self.faults.supervise(self.position.step)
             if not any(th.is_alive() for th in self.drafter_threads):
                 break
         self.shutdown.set()

@@ -73,6 +73,7 @@ class Run:
         self.pipeline: Any = None
         self.setup: Any = None
         self.graphs_after_warmup: int | None = None
+        self._signal_takers: set[str] = set()  # libraries that took our signals (said once)
         self._devices: dict[str, DeviceId] | None = None
         self.hb_stop = threading.Event()
         self.heartbeat = HeartbeatWriter(
@@ -124,6 +125,16 @@ class Run:
         self.stop_request.set()
         if self.pipeline is not None:
             self.pipeline.stop_request.set()
+
+    def _on_signals_taken(self, taken: dict[str, str]) -> None:
+        """Said once per library: a library that keeps taking them would flood the log."""
+        for lib in sorted(set(taken.values()) - self._signal_takers):
+            sigs = ", ".join(sorted(s for s, by in taken.items() if by == lib))
+            self.log.line(
+                f"signals: {sigs} taken over at the C level by {lib} (a native library's "
+                "sigaction; SIGUSR1 stack dumps would be lost): ours put back"
+            )
+        self._signal_takers |= set(taken.values())
 
     def _on_dump(self, path: Path) -> None:
         self.log.line(f"SIGUSR1: thread stacks written to {path.name}")
@@ -181,7 +192,9 @@ class Run:
     def execute(self, checkpoint: Path | None) -> int:
         self.state.register_thread("main", "cpu")
         self.state.thread_state("setting up")
-        SignalHandlers(self.run_dir, self._on_stop, self.state.roles, self._on_dump).install()
+        handlers = SignalHandlers(self.run_dir, self._on_stop, self.state.roles, self._on_dump)
+        handlers.install()
+        handlers.start_guard(self._on_signals_taken)
         self.heartbeat.write()
         self.heartbeat.start()
         code = EXIT_CRASH

@@ -116,7 +116,7 @@ class RunState:
         t = threading.current_thread()
         with self._lock:
             self._threads[threading.get_ident()] = ThreadInfo(
-                t.name, role, device, "starting", time.time()
+                t.name, role, device, "starting", time.time(), ident=threading.get_ident()
             )
 
     def thread_state(self, state: str) -> None:

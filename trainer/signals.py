@@ -8,6 +8,11 @@
 
 Python runs signal handlers on the main thread; the main thread only supervises (it waits on
 events with timeouts), so a handler runs within milliseconds.
+
+A native library may take these signals from under Python (on the GPU, Triton's in-process
+LLVM takes SIGUSR1 and swallows it: see trainer/sigaction.py). A guard thread compares the
+kernel's entries with ours five times a second and puts ours back, saying once which
+library took them.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO
+
+from trainer import sigaction
+
+# The signals an operator sends; the fatal ones stay with whoever chains them (LLVM's handler
+# re-raises to faulthandler's).
+GUARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+GUARD_PERIOD_S = 0.2
 
 
 def stacks_path(run_dir: Path) -> Path:
@@ -57,6 +69,7 @@ class SignalHandlers:
     ) -> None:
         self.run_dir, self.on_stop, self.roles, self.on_dump = run_dir, on_stop, roles, on_dump
         self._fallback: IO[str] | None = None
+        self._ours: dict[int, sigaction.Disposition] = {}
 
     def install(self) -> None:
         signal.signal(signal.SIGUSR1, self._dump)
@@ -66,6 +79,32 @@ class SignalHandlers:
         self._fallback = open(self.run_dir / "stacks-sigusr2.txt", "a")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR2, file=self._fallback, all_threads=True)
         faulthandler.enable(file=self._fallback, all_threads=True)  # and on fatal signals
+        for sig in GUARDED:
+            if (mine := sigaction.read(sig)) is not None:
+                self._ours[sig] = mine
+
+    def guard(self) -> dict[str, str]:
+        """Put back each of our handlers that a native library replaced at the C level:
+        {signal name: the library that had taken it}. Any thread may call it."""
+        taken = {}
+        for sig, mine in self._ours.items():
+            now = sigaction.read(sig)
+            if now is not None and now.handler != mine.handler and mine.restore():
+                taken[signal.Signals(sig).name] = sigaction.owner(now.handler)
+        return taken
+
+    def start_guard(self, on_taken: Callable[[dict[str, str]], None]) -> threading.Thread:
+        """A daemon thread running `guard` every GUARD_PERIOD_S for the life of the process."""
+
+        def loop() -> None:
+            while True:
+                time.sleep(GUARD_PERIOD_S)
+                if taken := self.guard():
+                    on_taken(taken)
+
+        th = threading.Thread(target=loop, name="signal-guard", daemon=True)
+        th.start()
+        return th
 
     def _dump(self, _signum: int, _frame: FrameType | None) -> None:
         path = stacks_path(self.run_dir)

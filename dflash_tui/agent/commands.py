@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
-from dflash_tui.agent.files import Refused, read_tail, tail_or_empty
-from dflash_tui.agent.identity import NotRunning, prove, signal_process, still
+from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
+from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
+from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
     ClearCompileCache,
     Command,
@@ -32,7 +33,7 @@ from trainer.contract.protocol import (
     ReadFile,
     Restart,
 )
-from trainer.contract.records import LAUNCH_CONFIG, LaunchRecord, read_launch
+from trainer.contract.records import HEARTBEAT, LAUNCH_CONFIG, LaunchRecord, read_launch
 
 if TYPE_CHECKING:
     from dflash_tui.agent.loop import Agent
@@ -160,35 +161,105 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
     return {"killed": killed, "launched": started}
 
 
-def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
-    run_id = target_run(agent, cmd.run_id, need_alive=False)
-    run_dir = agent.runs.checked_dir(run_id)
-    proc = prove(agent.runs, run_id)
-    before = set(os.listdir(run_dir))
-    signal_process(proc, signal.SIGUSR1)  # the trainer's faulthandler writes stacks-<time>.txt
-    deadline = time.monotonic() + cmd.timeout_s
-    name = text = None
-    while time.monotonic() < deadline:
+# The named dump must arrive within NAMED_WAIT_S. A SIGUSR1 that a native library swallowed
+# (the trainer's guard puts its handler back within 0.2 s) is sent again after RESEND_S.
+NAMED_WAIT_S = 2.0
+RESEND_S = 0.6
+FALLBACK_FILE = "stacks-sigusr2.txt"
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
+
+
+def _named_dump(run_dir: str, before: set[str], until: float) -> tuple[str, str] | None:
+    while True:
         fresh = sorted(
             n for n in os.listdir(run_dir) if n.startswith("stacks-2") and n not in before
         )
         if fresh:
             candidate = tail_or_empty(run_dir, fresh[-1], STACKS_BYTES)
             if "# faulthandler" in candidate:  # written to the end
-                name, text = fresh[-1], candidate
-                break
-        time.sleep(0.05)
-    if name is None:
-        raise CommandError(
-            f"no stack dump from pid {proc.pid} within {cmd.timeout_s:.0f}s (is the main "
-            "thread stuck? try SIGUSR2 or py-spy)"
+                return fresh[-1], candidate
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.02)
+
+
+def _size(run_dir: str, name: str) -> int:
+    try:
+        return read_after(run_dir, name, 1 << 62, 0)[1]
+    except (OSError, Refused):
+        return 0
+
+
+def _faulthandler_dump(proc: Proven, run_dir: str, wait_s: float) -> str | None:
+    """SIGUSR2: faulthandler's C-level dump of every thread (it runs even while the main
+    thread is stuck in C code), appended to stacks-sigusr2.txt; what it appended, once the
+    file has stopped growing."""
+    offset = _size(run_dir, FALLBACK_FILE)
+    signal_process(proc, signal.SIGUSR2)
+    deadline, text, last = time.monotonic() + wait_s, "", -1
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            text, size = read_after(run_dir, FALLBACK_FILE, offset, STACKS_BYTES)
+        except (OSError, Refused):
+            continue
+        if text and size == last:
+            return text
+        last = size
+    return text or None
+
+
+def _name_threads(text: str, run_dir: str) -> str:
+    """faulthandler names threads by pthread id only: add each one's name and role from the
+    heartbeat (the trainer records the ids there)."""
+    hb = read_heartbeat(os.path.join(run_dir, HEARTBEAT))
+    names = {}
+    if isinstance(hb, Heartbeat):
+        names = {t.ident: t for t in hb.threads if t.ident}
+
+    def label(m: re.Match[str]) -> str:
+        t = names.get(int(m.group(2), 16))
+        tag = f' "{t.name}" role={t.role}@{t.device} ({t.state})' if t else ""
+        return f"{m.group(1)} {m.group(2)}{tag}"
+
+    return _FH_THREAD.sub(label, text)
+
+
+def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
+    """The named Python stacks of every thread (SIGUSR1, within NAMED_WAIT_S); when they do
+    not come, faulthandler's C-level dump with the threads named (SIGUSR2); py-spy's native
+    view too when it is installed."""
+    run_id = target_run(agent, cmd.run_id, need_alive=False)
+    run_dir = agent.runs.checked_dir(run_id)
+    proc = prove(agent.runs, run_id)
+    before = set(os.listdir(run_dir))
+    t0 = time.monotonic()
+    named_until = t0 + min(cmd.timeout_s, NAMED_WAIT_S)
+    signal_process(proc, signal.SIGUSR1)  # the trainer writes stacks-<time>.txt
+    found = _named_dump(run_dir, before, min(named_until, t0 + RESEND_S))
+    if found is None and still(proc):
+        signal_process(proc, signal.SIGUSR1)
+        found = _named_dump(run_dir, before, named_until)
+    result: dict[str, Any] = {"run_id": run_id, "pid": proc.pid}
+    if found is not None:
+        result.update(path=os.path.join(run_dir, found[0]), text=found[1], kind="named")
+    else:
+        text = _faulthandler_dump(proc, run_dir, max(1.0, cmd.timeout_s - NAMED_WAIT_S))
+        if text is None:
+            raise CommandError(
+                f"no stack dump from pid {proc.pid}: no named dump within {NAMED_WAIT_S:.0f}s "
+                f"(SIGUSR1) and nothing from faulthandler (SIGUSR2); try py-spy dump --native"
+            )
+        result.update(
+            path=os.path.join(run_dir, FALLBACK_FILE),
+            kind="faulthandler",
+            text=(
+                f"# no named dump within {NAMED_WAIT_S:.0f}s (the main thread did not run its "
+                "SIGUSR1 handler: busy or stuck in C code?): faulthandler's C-level dump, "
+                "threads named from the heartbeat\n" + _name_threads(text, run_dir)
+            ),
         )
-    result = {
-        "run_id": run_id,
-        "pid": proc.pid,
-        "path": os.path.join(run_dir, name),
-        "text": text,
-    }
+    result["seconds"] = round(time.monotonic() - t0, 3)
     if cmd.pyspy and shutil.which("py-spy") and still(proc):  # py-spy attaches by pid
         r = subprocess.run(
             ["py-spy", "dump", "--native", "--pid", str(proc.pid)],

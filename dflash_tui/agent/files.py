@@ -95,6 +95,15 @@ def read_tail(folder: str, name: str, max_bytes: int) -> str:
         return f.read(max_bytes).decode("utf-8", "replace")
 
 
+def read_after(folder: str, name: str, offset: int, max_bytes: int) -> tuple[str, int]:
+    """What was appended to `folder/name` past `offset` (at most its last `max_bytes`), and
+    the file's size now (open_in's rules and errors)."""
+    with os.fdopen(open_in(folder, name), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(offset, size - max_bytes) if size >= offset else 0)
+        return f.read(max_bytes).decode("utf-8", "replace"), size
+
+
 def tail_or_empty(folder: str, name: str, max_bytes: int) -> str:
     """read_tail, or "" when the file is missing, unreadable or refused."""
     try:

@@ -115,6 +115,29 @@ def test_sigusr1_dumps_every_thread_without_disturbing_training(start_trainer):
     assert p.wait() == 0
 
 
+def test_sigusr1_taken_by_a_native_library_is_put_back(start_trainer):
+    """On the GPU, Triton's in-process LLVM takes SIGUSR1 at the C level (Python still
+    reports its handler) and swallows it: the guard puts ours back, names the taker in
+    train.log, and the next dumps arrive."""
+    p = start_trainer(*LONG, env={"DFLASH_FAULT": "steal_signals:3"})
+    p.wait_step(5)
+    line = p.wait_for(
+        lambda: [x for x in (p.run_dir / "train.log").read_text().splitlines() if "taken" in x],
+        5,
+        "the guard's line",
+    )[0]
+    assert "SIGUSR1 taken over at the C level by SIG_IGN" in line and "put back" in line
+    for n in range(3):
+        p.signal(signal.SIGUSR1)
+        t0 = time.monotonic()
+        dumps = p.wait_for(lambda n=n: sorted(p.run_dir.glob("stacks-2*.txt"))[n:], 5, "a dump")
+        p.wait_for(lambda d=dumps[0]: "# faulthandler" in d.read_text(), 5, "a whole dump")
+        assert time.monotonic() - t0 < 1.5
+        assert 'Thread "drafter-0"' in dumps[0].read_text()
+    p.signal(signal.SIGTERM)
+    assert p.wait() == 0
+
+
 def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(start_trainer):
     p = start_trainer(*LONG)
     p.wait_step(4)

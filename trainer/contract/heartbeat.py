@@ -77,6 +77,7 @@ class ThreadInfo:
     state: str
     since: float  # unix time the thread entered `state`
     cpu_pct: float = 0.0
+    ident: int = 0  # threading.get_ident(): faulthandler's "Thread 0x…" (0: not recorded)
 
 
 @dataclasses.dataclass
