@@ -82,7 +82,7 @@ def test_ten_named_stack_dumps_of_a_compiled_gpu_run(tmp_path: Path) -> None:
             time.sleep(0.5)
         print("dump-stacks: signal -> dump (s):", latencies)
         for log in remote.glob("runs/*/train.log"):  # which library took the signals, if any
-            print(*(x for x in log.read_text().splitlines() if x.startswith("signals:")))
+            print(*(x for x in log.read_text().splitlines() if "signals:" in x))
         assert named == 10, f"{named} of 10 dumps were the named stacks"
         assert max(latencies) < 2.0, latencies
     finally:
