@@ -106,24 +106,92 @@ def compiled_flex_attention() -> Any:
     return _compiled_flex
 
 
+FLEX_TILE = 128  # flex_attention's default query and key tile
+
+
+def _doc_starts(doc_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Per position: the first position of its document anywhere in the row, and the start
+    of the contiguous run of that document it lies in ([B, S] each; equal for a packed row,
+    whose documents are contiguous). Doc ids are < S (each document has a token)."""
+    B, S = doc_ids.shape
+    pos = torch.arange(S, device=doc_ids.device).expand(B, S)
+    ids = doc_ids.clamp(0, S - 1)
+    first = torch.full((B, S), S, device=doc_ids.device, dtype=pos.dtype)
+    first = first.scatter_reduce(1, ids, pos, "amin").gather(1, ids)
+    new_run = torch.ones_like(doc_ids, dtype=torch.bool)
+    new_run[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    run_start = torch.where(new_run, pos, torch.zeros_like(pos)).cummax(dim=1).values
+    return first, run_start
+
+
+def dflash_tiles(
+    anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Which (query tile, key tile) pairs of the DFlash mask hold any allowed pair (`partial`:
+    the mask is applied there) and which hold only allowed pairs (`full`: no mask needed),
+    bool [B, QT, KVT] each, from the mask's structure: no [Q, KV] evaluation, no compile.
+    A query tile holds FLEX_TILE // block_size anchors' blocks."""
+    B, N = anchors.shape
+    per = FLEX_TILE // block_size
+    QT = -(-N // per)
+    KVT = -(-(ctx_len + N * block_size) // FLEX_TILE)
+    dev = anchors.device
+    pad = QT * per - N
+    anchors_p = torch.nn.functional.pad(anchors, (0, pad))
+    keep_p = torch.nn.functional.pad(keep.bool(), (0, pad))  # padding rows see nothing
+    if doc_ids is None:
+        lo_first = lo_run = torch.zeros_like(anchors_p)
+    else:
+        first, run_start = _doc_starts(doc_ids)
+        at = anchors_p.clamp(0, ctx_len - 1)
+        lo_first, lo_run = first.gather(1, at), run_start.gather(1, at)
+    a = anchors_p.view(B, QT, per, 1)
+    k = keep_p.view(B, QT, per, 1)
+    lo_first, lo_run = lo_first.view(B, QT, per, 1), lo_run.view(B, QT, per, 1)
+    start = torch.arange(KVT, device=dev) * FLEX_TILE  # each key tile's first position
+    end = start + FLEX_TILE
+    # Context: keys in [start of the anchor's document, anchor).
+    ctx_any = k & (start < a) & (end > lo_first) & (start < ctx_len)
+    ctx_all = k & (start >= lo_run) & (end <= a) & (end <= ctx_len)
+    # The blocks: query block n sees its own block's keys, ctx_len + n*bs ... + bs - 1.
+    n = torch.arange(QT * per, device=dev).view(1, QT, per, 1)
+    first_tile = (ctx_len + n * block_size) // FLEX_TILE
+    last_tile = (ctx_len + n * block_size + block_size - 1) // FLEX_TILE
+    tile = torch.arange(KVT, device=dev)
+    own = k & (tile >= first_tile) & (tile <= last_tile)
+    full = ctx_all.all(dim=2)
+    partial = (ctx_any | own).any(dim=2) & ~full
+    return partial, full
+
+
+def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:
+    """bool [B, QT, KVT] -> flex's (num_blocks [B, 1, QT], indices [B, 1, QT, KVT]), int32."""
+    num = tiles.sum(dim=-1, dtype=torch.int32)
+    idx = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[:, None], idx[:, None]
+
+
 def make_block_mask(
     anchors: Tensor, keep: Tensor, ctx_len: int, block_size: int, doc_ids: Tensor | None = None
 ) -> Any:
-    """Block-sparse mask for flex_attention. H=None: every head shares the mask."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """Block-sparse mask for flex_attention. H=None: every head shares the mask.
 
-    B, N = anchors.shape
+    Built from the mask's structure (`dflash_tiles`): a few small tensor ops, nothing to
+    compile. `create_block_mask` evaluates the mask_mod over every pair instead, and compiled
+    (as it must be to be fast on the GPU) its kernels took ~150 s of a 225 s cold start.
+    """
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+
+    N = anchors.shape[1]
     mask_mod = dflash_mask_mod(anchors, keep, ctx_len, block_size, doc_ids)
-    # Compiled, the mask is built blockwise instead of materialising [B, Q, KV] densely. On CPU
-    # (forward checks only) the dense build is small and skips a ~20 s compile.
-    return create_block_mask(
-        mask_mod,
-        B,
-        None,
-        N * block_size,
-        ctx_len + N * block_size,
-        device=anchors.device,
-        _compile=anchors.device.type == "cuda",
+    Q, KV = N * block_size, ctx_len + N * block_size
+    if FLEX_TILE % block_size:  # a block would straddle query tiles: the generic builder
+        return create_block_mask(mask_mod, anchors.shape[0], None, Q, KV, device=anchors.device)
+    partial, full = dflash_tiles(anchors, keep, ctx_len, block_size, doc_ids)
+    num, idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(
+        num, idx, full_num, full_idx, BLOCK_SIZE=FLEX_TILE, mask_mod=mask_mod, seq_lengths=(Q, KV)
     )
 
 

@@ -94,3 +94,64 @@ def test_flex_and_sdpa_agree_on_a_forward_pass(seed):
     flex = attend(q, k, v, make_block_mask(anchors, keep, ctx, bs))
     assert not flex.isnan().any()
     torch.testing.assert_close(flex, sdpa, rtol=1e-4, atol=1e-5)
+
+
+def _case(seed: int, packed: bool) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """Random anchors (sorted, some duplicated, some padded), a context that is not a whole
+    number of flex tiles, and for a packed row documents of random lengths."""
+    g = torch.Generator().manual_seed(seed)
+    B, N, ctx = 2, 13, 300
+    anchors = torch.randint(1, ctx - 1, (B, N), generator=g).sort(dim=1).values
+    keep = torch.rand(B, N, generator=g) > 0.15
+    anchors[~keep] = 0
+    doc_ids = None
+    if packed:
+        lengths = torch.randint(5, 90, (B, 12), generator=g)
+        doc_ids = torch.stack(
+            [torch.repeat_interleave(torch.arange(12), lengths[b])[:ctx] for b in range(B)]
+        )
+        doc_ids = torch.nn.functional.pad(doc_ids, (0, ctx - doc_ids.shape[1]), value=11)
+    return anchors, keep, ctx, doc_ids
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_structural_block_mask_covers_exactly_what_the_rule_allows(seed, packed):
+    """The tiles built from the mask's structure: every tile holding an allowed pair is
+    visited, a tile marked full holds only allowed pairs, and the attention equals SDPA's
+    with the dense mask."""
+    from trainer.attention import FLEX_TILE, dflash_tiles
+
+    bs = 16
+    anchors, keep, ctx, doc_ids = _case(seed, packed)
+    dense = dense_dflash_mask(anchors, keep, ctx, bs, doc_ids)  # [B, Q, KV]
+    B, Q, KV = dense.shape
+    padded = torch.nn.functional.pad(dense, (0, -KV % FLEX_TILE, 0, -Q % FLEX_TILE))
+    tiles = padded.view(B, -1, FLEX_TILE, padded.shape[2] // FLEX_TILE, FLEX_TILE)
+    any_allowed = tiles.any(dim=4).any(dim=2)
+    # A tile is all-allowed only if it lies wholly inside the real Q x KV.
+    inside = torch.nn.functional.pad(
+        torch.ones(B, Q, KV, dtype=torch.bool), (0, -KV % 128, 0, -Q % 128)
+    )
+    inside = inside.view_as(tiles).all(dim=4).all(dim=2)
+    all_allowed = tiles.all(dim=4).all(dim=2) & inside
+    partial, full = dflash_tiles(anchors, keep, ctx, bs, doc_ids)
+    assert not (any_allowed & ~(partial | full)).any()  # nothing allowed is skipped
+    assert not (full & ~all_allowed).any()  # the mask is skipped only where all is allowed
+    assert not (partial & full).any()
+    # Every anchor kept and past two whole tiles: those tiles are full for a whole query tile.
+    late = torch.full_like(anchors, 290)
+    late_full, _ = dflash_tiles(late, torch.ones_like(keep), ctx, bs)[::-1]
+    assert late_full[:, 0, :2].all() and not late_full[:, :, 2:].any()  # tile 1 is padded
+    # The same anchors in a second document starting at 200: no context tile is full.
+    two_docs = (torch.arange(ctx) >= 200).long().expand(anchors.shape[0], ctx)
+    split_partial, split_full = dflash_tiles(late, torch.ones_like(keep), ctx, bs, two_docs)
+    assert not split_full.any() and split_partial[:, 0, 1:3].all()
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 4, Q, 32, generator=g)
+    k = torch.randn(B, 2, KV, 32, generator=g)
+    v = torch.randn(B, 2, KV, 32, generator=g)
+    sdpa = attend(q, k, v, make_dense_mask(anchors, keep, ctx, bs, doc_ids))
+    flex = attend(q, k, v, make_block_mask(anchors, keep, ctx, bs, doc_ids))
+    torch.testing.assert_close(flex, sdpa, rtol=1e-4, atol=1e-5)
