@@ -600,7 +600,7 @@ def _run_pipeline(
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"dflash-bench-{os.getpid()}-{name[0]}"
     tmp.mkdir(parents=True, exist_ok=True)
     log = RunLog(tmp, echo=False)
-    pipe = Pipeline(run, state, log, TrainPosition(0, 0, 0), save_checkpoint=lambda p: None)
+    pipe = Pipeline(run, state, log, TrainPosition(0, 0, 0), save_checkpoint=lambda p, loss: None)
     window = (steps // 2, steps // 2 + 10)
     orig = pipe._optimizer_step
     step_ends: list[float] = []

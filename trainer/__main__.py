@@ -99,6 +99,27 @@ def read_saved_config(parent: Path) -> Any:
         raise ConfigError(f"{where}: config.json is not valid JSON ({why})") from None
 
 
+def resume_checkpoint(run_dir: Path) -> Path:
+    """The run's newest good checkpoint (trainer/contract/checkpoints.py's rule); the ones
+    passed over are said on stderr, and none good is bad input."""
+    from trainer.checkpoint import choose_good_checkpoint
+
+    where = f"--resume {show_path(run_dir)}"
+    try:
+        choice = choose_good_checkpoint(run_dir)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read its checkpoints ({e.strerror or e})") from None
+    if choice.name is None:
+        why = "; ".join(f"{n}: {w}" for n, w in choice.skipped)
+        raise ConfigError(f"{where}: no good checkpoint in it" + (f" ({why})" if why else ""))
+    checkpoint = run_dir / choice.name
+    if not zipfile.is_zipfile(checkpoint):  # torch.save writes a zip archive
+        raise ConfigError(f"--resume: {show_path(checkpoint)} is not a torch checkpoint")
+    if choice.skipped:
+        print(f"resume: {choice.describe()}", file=sys.stderr, flush=True)
+    return checkpoint
+
+
 def compile_cache_dir(cfg: Config) -> Path:
     if cfg.runtime.compile_cache_dir:
         return Path(cfg.runtime.compile_cache_dir).expanduser()
@@ -144,17 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         cfg, meta = resolve_config(args)
+        configure_compile_cache(compile_cache_dir(cfg))
         checkpoint = None
         if args.resume is not None:
-            from trainer.checkpoint import latest_checkpoint
-
-            checkpoint = latest_checkpoint(args.resume)
-            if checkpoint is None:
-                raise ConfigError(f"--resume {show_path(args.resume)}: no checkpoint in it")
-            if not zipfile.is_zipfile(checkpoint):  # torch.save writes a zip archive
-                raise ConfigError(f"--resume: {show_path(checkpoint)} is not a torch checkpoint")
+            checkpoint = resume_checkpoint(args.resume)
             meta["checkpoint"] = str(checkpoint.resolve())
-        configure_compile_cache(compile_cache_dir(cfg))
         run_dir = prepare_run_dir(args, cfg)
     except ConfigError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)

@@ -82,7 +82,7 @@ class Pipeline:
         state: RunState,
         log: RunLog,
         position: TrainPosition,
-        save_checkpoint: Callable[[TrainPosition], object],
+        save_checkpoint: Callable[[TrainPosition, float | None], object],
         on_metrics: Callable[[dict[str, Any], int], None] = lambda _m, _s: None,
         faults: FaultPlan | None = None,
     ) -> None:
@@ -117,6 +117,7 @@ class Pipeline:
         self._target_batches = 0
         self._count_lock = threading.Lock()
         self._window = _Window(self)
+        self._last_loss: float | None = None
         self.threads: list[threading.Thread] = []
         self.drafter_threads: list[threading.Thread] = []
 
@@ -306,15 +307,24 @@ class Pipeline:
         if cfg.train.checkpoint_every and p.step % cfg.train.checkpoint_every == 0 and not last:
             self.state.set_phase(CHECKPOINTING)
             self.state.thread_state(SAVING_CHECKPOINT)
-            self.save_checkpoint(self.position)
+            self.save_checkpoint(self.position, self.recent_loss())
             self.state.set_phase(TRAINING)
         if self.stop_request.is_set() and not last:
             self.stopped_early = True
             self._finish = True
         self.faults.after_step(p.step)  # DFLASH_FAULT=sigkill:N
 
+    def recent_loss(self) -> float | None:
+        """The mean loss of the steps since the last step line (else that line's): what a
+        checkpoint's sidecar records. Reads the device once; only checkpoints ask."""
+        w = self._window
+        if w.loss is not None and w.steps:
+            return float(w.loss) / w.steps
+        return self._last_loss
+
     def _log_step(self) -> None:
         row = self._window.record()
+        self._last_loss = row.loss
         self.log.record(row)
         self.on_metrics(row.to_json(), row.step)
         self._window = _Window(self)

@@ -9,6 +9,7 @@ any failure, in any thread                                          -> crashed  
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -20,8 +21,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import trainer
-from trainer.checkpoint import TrainPosition, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    CheckpointWriter,
+    Saved,
+    TrainPosition,
+    checkpoint_path,
+    load_checkpoint,
+)
 from trainer.config import Config, ConfigError, one_line
+from trainer.contract.checkpoints import CHECKPOINTS
 from trainer.contract.codehash import code_hash
 from trainer.contract.heartbeat import DataInfo, DeviceId, ErrorInfo, WandbInfo
 from trainer.contract.phases import (
@@ -75,6 +83,7 @@ class Run:
         self.graphs_after_warmup: int | None = None
         self._signal_takers: set[str] = set()  # libraries that took our signals (said once)
         self._devices: dict[str, DeviceId] | None = None
+        self.checkpoints = CheckpointWriter(run_dir, self._on_checkpoint_saved)
         self.hb_stop = threading.Event()
         self.heartbeat = HeartbeatWriter(
             run_dir,
@@ -174,19 +183,31 @@ class Run:
             self.log.line(f"preflight: {pf.summary() or pf.error} ({pf.seconds:.2f}s)")
         state("setting up")
 
-    def save(self, position: TrainPosition) -> Path:
+    def save(self, position: TrainPosition, loss: float | None = None) -> Path:
+        """Snapshot the drafter and optimizer for the writer thread; returns the path the
+        checkpoint will have. Training waits only for the copy to host memory."""
         s = self.setup
         self.faults.stall_checkpoint()
-        path = save_checkpoint(
-            self.run_dir,
+        self.checkpoints.save(
             position,
             s.replicas.primary.trainable_state_dict(),
             s.optimizer.state_dict(),
             s.arch.to_dict(),
             self.cfg.to_dict(),
+            loss,
         )
-        self.state.checkpoint_saved(position.step, path.relative_to(self.run_dir).as_posix())
-        return path
+        return checkpoint_path(self.run_dir, position.step)
+
+    def _on_checkpoint_saved(self, saved: Saved) -> None:
+        """From the writer thread, once the file and its sidecar are on disk."""
+        m = saved.meta
+        rel = f"{CHECKPOINTS}/{m.file}"
+        self.state.checkpoint_saved(m.step, rel)
+        bad = m.why_not_good()
+        self.log.line(
+            f"checkpoint {rel}: {m.bytes / 1e9:.2f} GB in {m.seconds:.1f}s (training waited "
+            f"{saved.snapshot_s:.1f}s)" + (f"; NOT GOOD: {bad}, a restart skips it" if bad else "")
+        )
 
     # -- the run ---------------------------------------------------------------------
     def execute(self, checkpoint: Path | None) -> int:
@@ -201,6 +222,7 @@ class Run:
         wandb = None
         try:
             code, wandb = self._execute(checkpoint)
+            self.checkpoints.wait()  # the last checkpoint is on disk before the run says so
         except BAD_INPUT as e:
             self.state.fail(e)
             self.log.line(f"error: {one_line(str(e))}")
@@ -212,11 +234,14 @@ class Run:
             code = EXIT_CRASH
         finally:
             if code != EXIT_OK:
+                with contextlib.suppress(BaseException):  # keep what a crash left whole
+                    self.checkpoints.wait()
                 self.state.set_phase(CRASHED)
             self.state.exit_code = code
             self.state.thread_state("exiting")
             self.hb_stop.set()
             self.heartbeat.write(final=True)
+            handlers.ignore_stops()
             if wandb is not None:
                 wandb.finish(exit_code=code)
             self.log.close()
@@ -323,7 +348,8 @@ class Run:
             return EXIT_CRASH, wandb
         self.state.set_phase(STOPPING)
         self.state.set_phase(CHECKPOINTING)
-        path = self.save(pipe.position)
+        path = self.save(pipe.position, pipe.recent_loss())
+        self.checkpoints.wait()
         stopped = outcome == "stopped"
         self.log.line(
             f"{'stopped' if stopped else 'finished'} at step {pipe.position.step} of "

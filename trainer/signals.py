@@ -70,6 +70,8 @@ class SignalHandlers:
         self.run_dir, self.on_stop, self.roles, self.on_dump = run_dir, on_stop, roles, on_dump
         self._fallback: IO[str] | None = None
         self._ours: dict[int, sigaction.Disposition] = {}
+        self._guard_stop = threading.Event()
+        self._guard_lock = threading.Lock()  # a guard pass never undoes ignore_stops
 
     def install(self) -> None:
         signal.signal(signal.SIGUSR1, self._dump)
@@ -86,25 +88,37 @@ class SignalHandlers:
     def guard(self) -> dict[str, str]:
         """Put back each of our handlers that a native library replaced at the C level:
         {signal name: the library that had taken it}. Any thread may call it."""
-        taken = {}
-        for sig, mine in self._ours.items():
-            now = sigaction.read(sig)
-            if now is not None and now.handler != mine.handler and mine.restore():
-                taken[signal.Signals(sig).name] = sigaction.owner(now.handler)
+        taken: dict[str, str] = {}
+        with self._guard_lock:
+            if self._guard_stop.is_set():
+                return taken
+            for sig, mine in self._ours.items():
+                now = sigaction.read(sig)
+                if now is not None and now.handler != mine.handler and mine.restore():
+                    taken[signal.Signals(sig).name] = sigaction.owner(now.handler)
         return taken
 
     def start_guard(self, on_taken: Callable[[dict[str, str]], None]) -> threading.Thread:
         """A daemon thread running `guard` every GUARD_PERIOD_S for the life of the process."""
 
         def loop() -> None:
-            while True:
-                time.sleep(GUARD_PERIOD_S)
+            while not self._guard_stop.wait(GUARD_PERIOD_S):
                 if taken := self.guard():
                     on_taken(taken)
 
         th = threading.Thread(target=loop, name="signal-guard", daemon=True)
         th.start()
         return th
+
+    def ignore_stops(self) -> None:
+        """The run has ended (its final heartbeat is written): a late SIGTERM or SIGINT (a
+        second kill, a group signal during teardown) has nothing left to stop. Ignored, it
+        cannot turn a clean exit into death by signal while the interpreter shuts down
+        (which puts back the default handlers)."""
+        with self._guard_lock:
+            self._guard_stop.set()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
 
     def _dump(self, _signum: int, _frame: FrameType | None) -> None:
         path = stacks_path(self.run_dir)

@@ -61,7 +61,9 @@ def launch(
         config_path = os.path.join(run_dir, LAUNCH_CONFIG)
         with open(config_path, "w") as f:
             f.write(config_toml)
-        python = python or sys.executable
+        # Absolute: the wrapper runs from the release folder (a PATH entry like .venv/bin
+        # makes sys.executable relative).
+        python = python or os.path.abspath(sys.executable)
         argv = [python, "-m", "trainer", "--config", config_path, "--run-dir", run_dir]
         for o in overrides:
             argv += ["--set", o]

@@ -159,6 +159,22 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(start_trainer):
     assert not list(p.run_dir.glob("checkpoints/.*"))  # no temp file left behind
 
 
+def test_sigterms_that_keep_coming_during_teardown_do_not_turn_a_stop_into_a_kill(
+    start_trainer,
+):
+    """A second kill, or a group signal while the process shuts down: once the final
+    heartbeat is written the run is over, and the exit stays clean (not death by SIGTERM,
+    which the interpreter's restored default handler would make of it)."""
+    p = start_trainer(*LONG)
+    p.wait_step(3)
+    deadline = time.monotonic() + 60
+    while p.proc.poll() is None and time.monotonic() < deadline:
+        p.signal(signal.SIGTERM)
+        time.sleep(0.005)
+    assert p.wait(timeout=5) == 0
+    assert p.heartbeat()["phase"] == "stopped"
+
+
 def test_resume_continues_the_same_trajectory(start_trainer, tmp_path):
     """SIGTERM a run, resume it, and compare with a run never interrupted."""
     args = ("--max-steps", "400", "--set", "train.log_every=1")

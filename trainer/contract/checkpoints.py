@@ -1,0 +1,113 @@
+"""Checkpoints in a run dir, and the one rule for which of them a restart resumes from.
+
+    checkpoints/step-00000500.pt     the drafter, its optimizer and the data position (torch)
+    checkpoints/step-00000500.json   `CheckpointMeta`, written once the .pt is complete
+
+The sidecar says, without torch, whether the checkpoint is *good*: its trained weights and
+optimizer moments were all finite, and so was the loss of the steps just before it. A run that
+went NaN writes checkpoints that are not good; a restart resumes from the newest good one
+(`choose_resume`), which is from before the run diverged. A .pt with no sidecar (a trainer from
+before sidecars, or a crash between the two writes) is a candidate the trainer checks itself
+when it loads it (trainer/checkpoint.py), so the agent, which has no torch, and the trainer
+apply the same rule.
+
+Standard library only, Python >= 3.10: the agent carries this module to the training host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from trainer.contract.typed import Invalid, Unreadable, decode, parse_json
+
+CHECKPOINTS = "checkpoints"
+PT_NAME = re.compile(r"^step-(\d{1,12})\.pt$")
+MAX_META_BYTES = 1 << 16
+
+
+def pt_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def meta_name(step: int) -> str:
+    return f"step-{step:08d}.json"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint file name holds, or None for any other name."""
+    m = PT_NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclasses.dataclass
+class CheckpointMeta:
+    step: int
+    file: str  # the .pt beside it
+    finite: bool  # every trained weight and optimizer moment was finite
+    loss: float | None = None  # mean loss of the last steps before it; None: no step logged yet
+    bytes: int = 0
+    written_at: float = 0.0
+    seconds: float = 0.0  # the write, from the snapshot to the rename
+
+    def why_not_good(self) -> str | None:
+        """None for a good checkpoint, else why a restart skips it."""
+        if not self.finite:
+            return "weights or optimizer state not finite"
+        if self.loss is not None and not math.isfinite(self.loss):
+            return f"loss was {self.loss} before it"
+        return None
+
+
+def parse_meta(raw: bytes, what: str) -> CheckpointMeta | Unreadable:
+    data = parse_json(raw, what, MAX_META_BYTES)
+    if isinstance(data, Unreadable):
+        return data
+    try:
+        meta = decode(CheckpointMeta, data, what)
+    except Invalid as e:
+        return Unreadable(what, str(e))
+    return meta
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeChoice:
+    """Where a restart continues: `name` (relative to the run dir) at `step`, and the newer
+    checkpoints it passed over with the reason for each."""
+
+    name: str | None  # None: no good checkpoint, start fresh
+    step: int | None
+    verified: bool  # a sidecar said it is good (False: the trainer checks it when it loads)
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        skipped = "; ".join(f"skipped {n}: {why}" for n, why in self.skipped)
+        if self.name is None:
+            what = "no good checkpoint: starting fresh from step 0"
+        else:
+            what = f"resuming from {self.name} (step {self.step})"
+        return what + (f" ({skipped})" if skipped else "")
+
+
+def choose_resume(candidates: dict[int, CheckpointMeta | Unreadable | None]) -> ResumeChoice:
+    """{step: its sidecar (None: none)} -> the newest good checkpoint. A sidecar that cannot
+    be read counts as no sidecar: the .pt itself is still checked when loaded."""
+    skipped: list[tuple[str, str]] = []
+    for step in sorted(candidates, reverse=True):
+        meta = candidates[step]
+        name = f"{CHECKPOINTS}/{pt_name(step)}"
+        if isinstance(meta, CheckpointMeta):
+            why = why_not_good(meta, step)
+            if why is not None:
+                skipped.append((name, why))
+                continue
+            return ResumeChoice(name, step, True, tuple(skipped))
+        return ResumeChoice(name, step, False, tuple(skipped))
+    return ResumeChoice(None, None, False, tuple(skipped))
+
+
+def why_not_good(meta: CheckpointMeta, step: int) -> str | None:
+    if meta.step != step:
+        return f"its sidecar is for step {meta.step}"
+    return meta.why_not_good()
