@@ -307,6 +307,9 @@ class Kill(Command):
 @dataclasses.dataclass(kw_only=True)
 class Restart(Kill):
     start_timeout_s: float = 30.0
+    # False: continue from the run's newest good checkpoint (trainer/contract/checkpoints.py)
+    # in a new run dir; True: the same config from step 0.
+    fresh: bool = False
 
     def client_timeout(self) -> float:
         # A restart also waits for the new run's first heartbeat.

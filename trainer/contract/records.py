@@ -53,6 +53,10 @@ class LaunchRecord:
     wrapper_pid: int | None = None
     started_at: float | None = None
     proc_start: int | None = None  # the trainer's start time, clock ticks (/proc/PID/stat 22)
+    # A restart that resumes: the run it continues and the checkpoint (relative to that run's
+    # dir) it starts from; None for a fresh start.
+    resumed_from: str | None = None
+    checkpoint: str | None = None
 
 
 @dataclasses.dataclass
