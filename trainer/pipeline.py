@@ -31,6 +31,16 @@ from torch import Tensor
 from trainer.checkpoint import TrainPosition
 from trainer.contract.heartbeat import (
     SAVING_CHECKPOINT,
+    STAGE_BACKWARD,
+    STAGE_BUILD,
+    STAGE_CHECKPOINT,
+    STAGE_FORWARD,
+    STAGE_MASK,
+    STAGE_OPTIMIZER,
+    STAGE_TRANSFER,
+    STAGE_WAIT_HS,
+    STAGE_WAIT_PRE,
+    STAGE_WAIT_REPLICAS,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
@@ -49,6 +59,7 @@ from trainer.optim import lr_at, noise_at, set_lr
 from trainer.packing import collate_packs, epoch_pack_batches
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
+from trainer.stages import StageClock
 from trainer.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
 from trainer.steplog import RunLog
 from trainer.transfer import hand_over, send, wait_ready
@@ -195,16 +206,20 @@ class Pipeline:
         mine = {t for t in range(self.T) if t % self.P == p}
         pin = any(self.run.target_devices[t].type == "cuda" for t in mine)
         n = 0
+        clock = self.state.stage_clock("cpu")
         for g in range(self.g0, self.g_end):
             t = (g - self.g0) % self.T
             if t not in mine:
                 continue
+            clock.lap()
             self.state.thread_state("building batch")
             self.faults.check("prefetch", n)
-            blocks = self.make_batch(g)
-            if pin:
-                blocks = _pin(blocks)
-            self._put(self.q_pre[t], blocks, WAIT_PRE_FULL)
+            with clock.work(STAGE_BUILD):
+                blocks = self.make_batch(g)
+                if pin:
+                    blocks = _pin(blocks)
+            with clock.wait(STAGE_WAIT_PRE):
+                self._put(self.q_pre[t], blocks, WAIT_PRE_FULL)
             n += 1
         self.state.thread_state("done")
 
@@ -219,77 +234,91 @@ class Pipeline:
 
     def _target_loop(self, t: int, dev: torch.device, side: torch.cuda.Stream | None) -> None:
         features_of = self.run.targets[dev].features
+        clock = self.state.stage_clock(str(dev))
         for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
-            blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
+            clock.lap()
+            with clock.wait(STAGE_WAIT_PRE):
+                blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
             self.state.thread_state("forward")
             self.faults.check("target", n)
-            on_dev = blocks.to(dev, non_blocking=True)
-            b = on_dev.batch
-            if b.position_ids is None:
-                features = features_of(b.input_ids)
-            else:  # packed: the target keeps the documents apart
-                features = features_of(b.input_ids, b.position_ids)
+            with clock.work(STAGE_FORWARD):
+                on_dev = blocks.to(dev, non_blocking=True)
+                b = on_dev.batch
+                if b.position_ids is None:
+                    features = features_of(b.input_ids)
+                else:  # packed: the target keeps the documents apart
+                    features = features_of(b.input_ids, b.position_ids)
             r = (g - self.g0) % self.D
             dst = self.run.drafter_devices[r]
             self.state.thread_state("copy to drafter")
-            moved, ready = send([features], dst)
-            blocks_dst = on_dev.to(dst, non_blocking=True)
+            with clock.work(STAGE_TRANSFER):
+                moved, ready = send([features], dst)
+                blocks_dst = on_dev.to(dst, non_blocking=True)
             self.state.thread_state("building mask")
-            attach_mask(blocks_dst, self.run.settings.backend, self.run.settings.block_size)
+            with clock.work(STAGE_MASK):
+                attach_mask(blocks_dst, self.run.settings.backend, self.run.settings.block_size)
             item = FeatureItem(g=g, blocks=blocks_dst, features=moved[0], ready=ready)
             if side is not None and dst == dev:
                 item.ready = hand_over((item.blocks, item.features), side, dst)
             with self._count_lock:
                 self._target_batches += 1
-            self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
+            with clock.wait(STAGE_WAIT_HS):
+                self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
 
     def _drafter(self, r: int) -> None:
         run, cfg = self.run, self.cfg
         dev = run.drafter_devices[r]
         model = run.replicas.models[r]
         model.train()
+        clock = self.state.stage_clock(str(dev))
         for n, s in enumerate(range(self.s0, run.total_steps)):
+            clock.lap()
             g = self.g0 + (s - self.s0) * self.D + r
             t = (g - self.g0) % self.T
-            item: FeatureItem = self._get(self.q_hs[t][r], WAIT_HS_EMPTY)
-            assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
-            wait_ready(item.ready, dev)
+            with clock.wait(STAGE_WAIT_HS):
+                item: FeatureItem = self._get(self.q_hs[t][r], WAIT_HS_EMPTY)
+                assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
+                wait_ready(item.ready, dev)
             self.state.thread_state("forward")
             self.faults.check("drafter", n)
             noise = noise_at(s, run.total_steps, cfg.train)
             gen = None
             if noise > 0:
                 gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
-            with autocast_for(dev):
+            with clock.work(STAGE_FORWARD), autocast_for(dev):
                 out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
             if self.faults.poison_loss(s):  # DFLASH_FAULT=nan:N, as a diverged run does
                 out.loss = out.loss * float("nan")
             self.state.thread_state("backward")
-            out.loss.backward()
+            with clock.work(STAGE_BACKWARD):
+                out.loss.backward()
             self.outs[r] = out
             self.out_tokens[r] = item.blocks.tokens
             self.out_slots[r] = item.blocks.batch.input_ids.numel()
             del item, out
-            self._barrier_wait()
+            with clock.wait(STAGE_WAIT_REPLICAS):
+                self._barrier_wait()
             if r == 0:
-                self._optimizer_step(s)
-            self._barrier_wait()
+                self._optimizer_step(s, clock)
+            with clock.wait(STAGE_WAIT_REPLICAS):
+                self._barrier_wait()
             if self._finish:
                 break
         self.state.thread_state("done")
 
-    def _optimizer_step(self, s: int) -> None:
+    def _optimizer_step(self, s: int, clock: StageClock) -> None:
         """On replica 0's thread while the others wait at the barrier."""
         run, cfg = self.run, self.cfg
         self.state.thread_state("optimizer step")
         replicas = run.replicas
-        replicas.average_grads()
-        if cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(replicas.primary.parameters(), cfg.train.grad_clip)
-        set_lr(run.optimizer, lr_at(s, run.total_steps, cfg.train))
-        run.optimizer.step()
-        replicas.broadcast_params()
-        replicas.zero_grads()
+        with clock.work(STAGE_OPTIMIZER):
+            replicas.average_grads()
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(replicas.primary.parameters(), cfg.train.grad_clip)
+            set_lr(run.optimizer, lr_at(s, run.total_steps, cfg.train))
+            run.optimizer.step()
+            replicas.broadcast_params()
+            replicas.zero_grads()
 
         tokens, slots = sum(self.out_tokens), sum(self.out_slots)
         p = self.position
@@ -307,7 +336,8 @@ class Pipeline:
         if cfg.train.checkpoint_every and p.step % cfg.train.checkpoint_every == 0 and not last:
             self.state.set_phase(CHECKPOINTING)
             self.state.thread_state(SAVING_CHECKPOINT)
-            self.save_checkpoint(self.position, self.recent_loss())
+            with clock.work(STAGE_CHECKPOINT):
+                self.save_checkpoint(self.position, self.recent_loss())
             self.state.set_phase(TRAINING)
         if self.stop_request.is_set() and not last:
             self.stopped_early = True
@@ -460,4 +490,5 @@ class _Window:
             topk=mean["topk"],
             tokens=p.tokens,
             memory=device_memory(run.devices),
+            stages_ms=pipe.state.stages_by_thread(),
         )

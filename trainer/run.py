@@ -311,7 +311,9 @@ class Run:
 
         comp = self.state.compile
         comp.cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
-        warmup_s = warm_up(setup, self.state, extra_s=faults.slow_s("compile"))
+        warmup_s = warm_up(
+            setup, self.state, self.heartbeat.process.code_sha256, extra_s=faults.slow_s("compile")
+        )
         self.graphs_after_warmup = graphs_compiled()
         counts = compile_cache_counts()
         comp.warmup_s, comp.graphs = warmup_s, self.graphs_after_warmup

@@ -28,6 +28,7 @@ from trainer.contract.heartbeat import (
     WandbInfo,
 )
 from trainer.contract.phases import PHASES, STARTING, PhaseVisit
+from trainer.stages import StageClock
 
 # phase_history keeps the start-up whole and the most recent visits: a long run goes through
 # training <-> checkpointing thousands of times, and the heartbeat must stay small.
@@ -56,6 +57,7 @@ class RunState:
         self.slots = 0
         self.data: DataInfo | None = None
         self._threads: dict[int, ThreadInfo] = {}  # keyed by threading.get_ident()
+        self._clocks: dict[int, StageClock] = {}  # pipeline threads' stage times, same keys
         self.error: ErrorInfo | None = None
         self.wandb = WandbInfo(mode="disabled")
         self.compile = CompileInfo()
@@ -107,6 +109,27 @@ class RunState:
             if self.target_load is not None:
                 self.target_load.ended_at = time.time()
 
+    # -- compiling (trainer/compile_watch.py) ----------------------------------------------
+    def compile_expected(self, graphs: int | None, last_s: float | None, cache: str | None) -> None:
+        """The compiling phase counts graphs: `graphs` expected (None: unknown, never
+        compiled with this cache), and what they took the last time."""
+        with self._lock:
+            c = self.compile
+            c.done, c.expected, c.last_s, c.last_cache = 0, graphs, last_s, cache
+            self.phase_progress = PhaseProgress(0, graphs, "graphs")
+
+    def compile_started(self, label: str) -> None:
+        with self._lock:
+            self.compile.current, self.compile.current_since = label, time.time()
+
+    def compile_ended(self) -> None:
+        with self._lock:
+            c = self.compile
+            c.done += 1
+            c.current = c.current_since = None
+            if self.phase_progress is not None and self.phase_progress.unit == "graphs":
+                self.phase_progress.done = c.done
+
     def checkpoint_saved(self, step: int, path: str) -> None:
         with self._lock:
             self.last_checkpoint = CheckpointInfo(step, path, time.time())
@@ -118,6 +141,20 @@ class RunState:
             self._threads[threading.get_ident()] = ThreadInfo(
                 t.name, role, device, "starting", time.time(), ident=threading.get_ident()
             )
+
+    def stage_clock(self, device: str) -> StageClock:
+        """A stage clock for the calling thread; the heartbeat reports its medians."""
+        clock = StageClock(device)
+        with self._lock:
+            self._clocks[threading.get_ident()] = clock
+        return clock
+
+    def stages_by_thread(self) -> dict[str, dict[str, float]]:
+        """{thread name: its stage medians} for the threads that time their stages."""
+        with self._lock:
+            threads = self._threads
+            pairs = [(threads[i].name, c) for i, c in self._clocks.items() if i in threads]
+        return {name: ms for name, c in pairs if (ms := c.medians_ms())}
 
     def thread_state(self, state: str) -> None:
         info = self._threads.get(threading.get_ident())
@@ -192,7 +229,12 @@ class RunState:
                 tokens=self.tokens,
                 epoch=self.epoch,
                 tok_s=tok_s,
-                threads=[copy.copy(i) for i in self._threads.values()],
+                threads=[
+                    dataclasses.replace(t, stages_ms=self._clocks[i].medians_ms())
+                    if i in self._clocks
+                    else copy.copy(t)
+                    for i, t in self._threads.items()
+                ],
                 error=self.error,
                 wandb=copy.copy(self.wandb),
                 compile=copy.deepcopy(self.compile),

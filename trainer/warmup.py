@@ -10,13 +10,16 @@ reports graphs compiled afterwards as recompiles.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
 import torch
 
+from trainer.compile_watch import CompileHistory, compile_signature, watch_compiles
 from trainer.contract.phases import COMPILING
 from trainer.data import Batch
+from trainer.model import DFlashDrafter
 from trainer.runstate import RunState
 from trainer.setup import RunSetup
 from trainer.step import attach_mask, drafter_loss, prepare_blocks
@@ -84,10 +87,10 @@ def compile_breakdown(top: int = 6) -> dict[str, float]:
     return {k: round(v, 2) for k, v in slowest}
 
 
-def warm_up(run: RunSetup, state: RunState, extra_s: float = 0.0) -> float:
-    """Returns seconds spent. Leaves no gradients and no optimizer state behind. `extra_s`:
+def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: float = 0.0) -> float:
+    """Returns seconds spent. Leaves no gradients and no optimizer state behind. Compile
+    progress goes into `state.compile` (trainer/compile_watch.py). `extra_s`:
     DFLASH_FAULT=slow:compile:S (a cold or invalidated compile cache)."""
-    from trainer.pipeline import autocast_for
 
     t0 = time.monotonic()
     buckets = run.cfg.data.seq_buckets
@@ -100,37 +103,86 @@ def warm_up(run: RunSetup, state: RunState, extra_s: float = 0.0) -> float:
     torch._dynamo.config.accumulated_cache_size_limit = max(
         torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
     )
-    state.set_phase(COMPILING, total=len(buckets) * len(firsts), unit="buckets")
+    state.set_phase(COMPILING)
+    history = CompileHistory(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    signature = compile_signature(signature_parts(run, code_sha256))
+    last = history.last(signature)
+    state.compile_expected(
+        last["graphs"] if last else None,
+        last.get("seconds") if last else None,
+        last.get("cache") if last else None,
+    )
     time.sleep(extra_s)
-    done = 0
+    gen = torch.Generator().manual_seed(0)
+    doing = ""
+    with watch_compiles(state, lambda: doing):
+        for dev, r in firsts.items():
+            for S in buckets:
+                doing = f"bucket {S} on {dev}"
+                _warm_one(run, run.replicas.models[r], dev, S, gen)
+    run.replicas.zero_grads()
+    seconds = time.monotonic() - t0
+    counts = compile_cache_counts()
+    cache = (
+        "warm"
+        if counts["cache_misses"] == 0
+        else "cold"
+        if counts["cache_hits"] == 0
+        else "partial"
+    )
+    history.record(signature, state.compile.done, seconds, cache)
+    return seconds
+
+
+def signature_parts(run: RunSetup, code_sha256: str) -> dict[str, object]:
+    """What decides the warm-up's graphs (compile_watch.compile_signature)."""
+    c = run.cfg
+    names = [
+        torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu" for d in run.drafter_devices
+    ]
+    return {
+        "code": code_sha256,
+        "torch": torch.__version__,
+        "arch": run.arch.to_dict(),
+        "buckets": list(c.data.seq_buckets),
+        "batch": c.train.batch_size,
+        "anchors": c.train.num_anchors,
+        "packing": c.data.packing,
+        "backend": run.settings.backend,
+        "loss": [run.settings.chunk_blocks, run.settings.impl],
+        "compiled": c.train.compile_drafter,
+        "dtype": c.target.dtype,
+        "devices": [str(d) for d in run.drafter_devices],
+        "gpus": names,
+    }
+
+
+def _warm_one(
+    run: RunSetup, model: DFlashDrafter, dev: torch.device, S: int, gen: torch.Generator
+) -> None:
+    """One forward and backward of `model` on bucket `S`, as the threads will run it."""
+    from trainer.pipeline import autocast_for
+
     B = run.cfg.train.batch_size
     n_feat = len(run.arch.target_layer_ids) * run.arch.hidden_size
-    gen = torch.Generator().manual_seed(0)
-    for dev, r in firsts.items():
-        model = run.replicas.models[r]
-        feat_dtype = model.embed_weight.dtype  # the target's dtype on this device
-        for S in buckets:
-            ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
-            batch = Batch(
-                input_ids=ids,
-                loss_mask=torch.ones(B, S),
-                lengths=torch.full((B,), S, dtype=torch.long),
-                index=0,
-            )
-            if run.cfg.data.packing:  # the packed graph: two documents per row
-                half = torch.arange(S) >= S // 2
-                batch.doc_ids = half.long().expand(B, S).clone()
-                batch.position_ids = (torch.arange(S) - half * (S // 2)).expand(B, S).clone()
-            blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
-            # As the target thread does it: outside autocast, so the same graph serves both.
-            attach_mask(blocks, run.settings.backend, run.settings.block_size)
-            features = torch.randn(B, S, n_feat, generator=gen).to(dev, feat_dtype)
-            with autocast_for(dev):
-                out = drafter_loss(model, blocks, features, run.settings)
-            out.loss.backward()
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            done += 1
-            state.progress(done)
-    run.replicas.zero_grads()
-    return time.monotonic() - t0
+    feat_dtype = model.embed_weight.dtype  # the target's dtype on this device
+    ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
+    batch = Batch(
+        input_ids=ids,
+        loss_mask=torch.ones(B, S),
+        lengths=torch.full((B,), S, dtype=torch.long),
+        index=0,
+    )
+    if run.cfg.data.packing:  # the packed graph: two documents per row
+        half = torch.arange(S) >= S // 2
+        batch.doc_ids = half.long().expand(B, S).clone()
+        batch.position_ids = (torch.arange(S) - half * (S // 2)).expand(B, S).clone()
+    blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
+    # As the target thread does it: outside autocast, so the same graph serves both.
+    attach_mask(blocks, run.settings.backend, run.settings.block_size)
+    features = torch.randn(B, S, n_feat, generator=gen).to(dev, feat_dtype)
+    with autocast_for(dev):
+        out = drafter_loss(model, blocks, features, run.settings)
+    out.loss.backward()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)

@@ -14,7 +14,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      Later under schema 2 (optional, so no bump: older readers ignore it): `preflight`,
      the fast-kernel preflight (trainer/contract/environment.py), and `data`
      (how the data loaded: tokenization cache hit or miss, the load's time, lines, samples,
-     tokens; packing and the padding share of recent batches).
+     tokens; packing and the padding share of recent batches); `ThreadInfo.stages_ms`,
+     where each pipeline thread's loop spends its time (`STAGE_*`); compile progress
+     (`CompileInfo.current`, `expected_graphs`, `last_s`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,48 @@ WAIT_HS_FULL = "waiting: q_hs full"
 WAIT_REPLICAS = "waiting for replicas"
 SAVING_CHECKPOINT = "checkpoint"  # the thread that writes a checkpoint, while it does
 
+# The stages of a pipeline thread's loop, timed per iteration (ThreadInfo.stages_ms, moving
+# medians in ms; trainer/stages.py). A name that starts with "wait" is time the thread (on a
+# GPU: its stream) spent with nothing to do; `host` is a GPU stream waiting for Python.
+STAGE_BUILD = "build batch"  # prefetch: collate, anchors, pin
+STAGE_WAIT_PRE = "wait q_pre"  # prefetch: q_pre full; target: q_pre empty
+STAGE_FORWARD = "forward"  # target: the frozen target's features; drafter: its forward
+STAGE_TRANSFER = "transfer"  # target: features and blocks to the drafter's device
+STAGE_MASK = "mask"  # target: the drafter's attention mask
+STAGE_WAIT_HS = "wait q_hs"  # target: q_hs full; drafter: q_hs empty (features not there)
+STAGE_BACKWARD = "backward"
+STAGE_WAIT_REPLICAS = "wait replicas"  # drafter: the step's barrier
+STAGE_OPTIMIZER = "optimizer"  # replica 0: gradient average, clip, AdamW, broadcast
+STAGE_CHECKPOINT = "checkpoint"  # the copy to host memory (the write has its own thread)
+STAGE_HOST = "host"
+
+
+def is_wait(stage: str) -> bool:
+    return stage.startswith("wait") or stage == STAGE_HOST
+
+
+# Each role's loop in the order it runs (JSON sorts keys: views put them back in this order).
+ROLE_STAGES = {
+    "prefetch": (STAGE_BUILD, STAGE_WAIT_PRE),
+    "target": (STAGE_WAIT_PRE, STAGE_FORWARD, STAGE_TRANSFER, STAGE_MASK, STAGE_WAIT_HS),
+    "drafter": (
+        STAGE_WAIT_HS,
+        STAGE_FORWARD,
+        STAGE_BACKWARD,
+        STAGE_WAIT_REPLICAS,
+        STAGE_OPTIMIZER,
+        STAGE_CHECKPOINT,
+    ),
+}
+
+
+def ordered_stages(role: str, stages_ms: dict[str, float]) -> list[tuple[str, float]]:
+    """(stage, ms) in the role's loop order; `host` and names this reader does not know (a
+    newer trainer) after them."""
+    order = (*ROLE_STAGES.get(role, ()), STAGE_HOST)
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(stages_ms.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
 
 @dataclasses.dataclass
 class PhaseProgress:
@@ -78,6 +122,9 @@ class ThreadInfo:
     since: float  # unix time the thread entered `state`
     cpu_pct: float = 0.0
     ident: int = 0  # threading.get_ident(): faulthandler's "Thread 0x…" (0: not recorded)
+    # {stage: median ms per iteration of the thread's loop}, in loop order; empty: not timed
+    # (not a pipeline thread, no iteration done yet, or an older trainer).
+    stages_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -109,6 +156,17 @@ class CompileInfo:
     cache_bypasses: int | None = None
     breakdown: dict[str, float] = dataclasses.field(default_factory=dict)  # slowest stages, s
     last_recompile: str | None = None  # which function recompiled, and the guard that failed
+    # While compiling (the warm-up): the graph being compiled now ("graph 4: backward of
+    # 1/0, bucket 4096 on cuda:0"), since when; the graphs done (forward and backward
+    # compiles, which phase_progress counts too); what the same graphs took the last time
+    # (the same code, shapes and devices, from the compile cache's history) and whether that
+    # compile cache was empty then ("cold") or not ("warm").
+    current: str | None = None
+    current_since: float | None = None
+    done: int = 0
+    expected: int | None = None  # None: never compiled before with this cache
+    last_s: float | None = None
+    last_cache: str | None = None
 
 
 @dataclasses.dataclass

@@ -106,6 +106,8 @@ class MetricsRow:
     # Of the batch positions since the last row, the share that were padding (tok_s counts
     # real tokens only); None: an older trainer.
     padding: float | None = None
+    # {thread name: {stage: median ms per iteration}} at the row's time (ThreadInfo.stages_ms)
+    stages_ms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
