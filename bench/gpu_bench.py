@@ -608,8 +608,8 @@ def _run_pipeline(
     timeline = KernelTimeline() if profile else None
     prof_window = (steps - 8, steps - 4)  # late: queues full, clocks settled
 
-    def counting_step(s: int) -> None:
-        orig(s)
+    def counting_step(s: int, clock: Any) -> None:
+        orig(s, clock)
         step_ends.append(time.perf_counter())
         if timeline is not None and s + 1 == prof_window[0]:
             timeline.start()

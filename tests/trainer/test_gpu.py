@@ -75,6 +75,7 @@ def test_target_stream_trains_like_the_shared_stream(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     curves = {}
+    graphs: list[int] = []
     for flag in ("true", "false"):
         run_root = tmp_path / flag
         r = subprocess.run(
@@ -89,10 +90,21 @@ def test_target_stream_trains_like_the_shared_stream(tmp_path):
         assert r.returncode == 0, f"target_stream={flag}: {r.stderr[-2000:]}\n{log[-4000:]}"
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         curves[flag] = [json.loads(ln)["loss"] for ln in lines]
-        compile_stats = json.loads((run_dir / "heartbeat.json").read_text())["compile"]
+        hb = json.loads((run_dir / "heartbeat.json").read_text())
+        compile_stats = hb["compile"]
         # Warm-up compiled every graph the threads use: a recompile in training is a stall
         # (and, with a cold cache, several threads compiling at once).
         assert compile_stats["recompiles"] == 0, compile_stats
+        # Compile progress counted every forward and backward compile, and the second run
+        # expected as many from the cache's history.
+        assert compile_stats["done"] > 0 and compile_stats["current"] is None, compile_stats
+        graphs.append(compile_stats["done"])
+        if len(graphs) == 2:
+            assert compile_stats["expected"] == graphs[0], compile_stats
+            assert compile_stats["last_cache"] in ("cold", "partial"), compile_stats
+        # Every GPU thread timed its stages on its stream.
+        stages = {t["name"]: t["stages_ms"] for t in hb["threads"]}
+        assert stages["target-0"]["forward"] > 0 and stages["drafter-0"]["backward"] > 0, stages
     # The second run restarted on the first one's compile cache: nothing was generated.
     assert compile_stats["cache_misses"] == 0 < compile_stats["cache_hits"], compile_stats
     assert len(curves["true"]) == 3
