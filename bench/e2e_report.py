@@ -2,7 +2,7 @@
 marked by the script) and from the run dirs they left, through the contract's own readers.
 
     python3 bench/e2e_report.py phase-step STATUS.json      -> "PHASE STEP" of the last snapshot
-    python3 bench/e2e_report.py report EVENTS RUNS SETTLE_S  -> e2e.json on stdout
+    python3 bench/e2e_report.py report EVENTS RUNS SETTLE_S HARNESS_TXT  -> e2e.json
     python3 bench/e2e_report.py table E2E.json              -> the README rows
 """
 
@@ -59,11 +59,19 @@ def _run(run_dir: Path, settle_s: float) -> dict[str, Any]:
     out["compile"] = {
         "warmup_s": c.warmup_s,
         "graphs": c.graphs,
+        "compiles_done": c.done,
+        "expected": c.expected,
+        "last_s": c.last_s,
+        "last_cache": c.last_cache,
         "recompiles": c.recompiles,
         "cache_hits": c.cache_hits,
         "cache_misses": c.cache_misses,
         "breakdown": c.breakdown,
     }
+    log = run_dir / "train.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    out["checkpoints"] = [ln for ln in text.splitlines() if ln.startswith("checkpoint ")]
+    out["resume_lines"] = [ln for ln in text.splitlines() if ln.startswith(("resume", "resumed"))]
     if hb.target_load is not None and hb.target_load.ended_at is not None:
         out["target_load_s"] = round(hb.target_load.ended_at - hb.target_load.started_at, 1)
     try:
@@ -87,10 +95,21 @@ def _run(run_dir: Path, settle_s: float) -> dict[str, Any]:
         if late:
             out["tok_s"] = round(statistics.median(r["tok_s"] for r in late))
             out["tok_s_rows"] = len(late)
+            out["stages_ms"] = late[-1].get("stages_ms", {})
     return out
 
 
-def report(events_path: str, runs_root: str, settle_s: float) -> dict[str, Any]:
+def _kill_line(line: str) -> dict[str, Any]:
+    """'... in 9.8s; GPU memory released: 0.2s ...' -> the two figures."""
+    out: dict[str, Any] = {"line": line}
+    if m := re.search(r" in ([\d.]+)s", line):
+        out["stop_s"] = float(m.group(1))
+    if m := re.search(r"released: ([\d.]+)s", line):
+        out["drain_s"] = float(m.group(1))
+    return out
+
+
+def report(events_path: str, runs_root: str, settle_s: float, harness: str) -> dict[str, Any]:
     events = [json.loads(x) for x in Path(events_path).read_text().splitlines() if x.strip()]
     at = {e["what"]: e for e in events}
     res: dict[str, Any] = {}
@@ -112,8 +131,19 @@ def report(events_path: str, runs_root: str, settle_s: float) -> dict[str, Any]:
         )
     if "kill-end" in at:
         res["kill_command_s"] = round(at["kill-end"]["t"] - at["kill-start"]["t"], 1)
+        res["kill"] = _kill_line(at["kill-end"].get("line", ""))
+    if "restart-end" in at:
+        res["restart_line"] = at["restart-end"].get("line", "")
     runs = sorted(p for p in Path(runs_root).iterdir() if p.is_dir())
     res["runs"] = [_run(p, settle_s) for p in runs]
+    try:
+        text = Path(harness).read_text()
+    except OSError:
+        text = ""
+    if m := re.search(r"HARNESS tok_s=(\d+) .*step_ms=([\d.]+)", text):
+        res["harness_tok_s"], res["harness_step_ms"] = int(m.group(1)), float(m.group(2))
+        if res["runs"] and res["runs"][0].get("tok_s"):
+            res["launch_vs_harness"] = round(res["runs"][0]["tok_s"] / res["harness_tok_s"], 3)
     return res
 
 
@@ -140,7 +170,17 @@ def table(path: str) -> str:
         f"stack dumps: {sd.get('named')} of {sd.get('tries')} named "
         f"({sd.get('fallback')} fallback), max {sd.get('latency_max_s')} s, {sd.get('latency_s')}"
     )
-    lines.append(f"kill command: {r.get('kill_command_s')} s; deploy {r.get('deploy_s')} s")
+    lines.append(f"kill command: {r.get('kill_command_s')} s ({r.get('kill', {}).get('line')})")
+    lines.append(f"restart said: {r.get('restart_line')}")
+    lines.append(
+        f"harness (bare pipeline, same config and data): {r.get('harness_tok_s')} tok/s; "
+        f"launch / harness = {r.get('launch_vs_harness')}"
+    )
+    for run in runs:
+        lines.append(f"{run['run_id']}: {run.get('checkpoints')} {run.get('resume_lines')}")
+        for thread, st in sorted(run.get("stages_ms", {}).items()):
+            lines.append(f"  {thread}: {st}")
+    lines.append(f"deploy {r.get('deploy_s')} s")
     return "\n".join(lines)
 
 
@@ -148,7 +188,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["phase-step"]:
         print(phase_step(argv[1]))
     elif argv[:1] == ["report"]:
-        print(json.dumps(report(argv[1], argv[2], float(argv[3])), indent=1))
+        print(json.dumps(report(argv[1], argv[2], float(argv[3]), argv[4]), indent=1))
     elif argv[:1] == ["table"]:
         print(table(argv[1]))
     else:

@@ -56,11 +56,11 @@ case $which in
       say "build the 8B-shaped target (random weights, once per machine)"
       python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1 | tee -a "$log"
     fi
-    train_s=60; settle_s=15 ;;
+    train_s=60; settle_s=15; harness_s=45 ;;
   tiny)
     config=trainer/configs/tiny-cpu.toml
     sets=(--set train.epochs=50)
-    train_s=20; settle_s=5 ;;
+    train_s=20; settle_s=5; harness_s=10 ;;
   *) echo "unknown config: $which (8b, tiny)" >&2; exit 2 ;;
 esac
 
@@ -114,19 +114,25 @@ cp "$work/stacks-1.txt" "$out/stacks-example.txt"
 
 say "restart (resume)"
 mark restart-start
-"${cli[@]}" restart "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
-mark restart-end
+"${cli[@]}" restart "${where[@]}" > "$work/restart.txt" 2>&1
+tail -2 "$work/restart.txt" | tee -a "$log"
+mark restart-end line="$(tail -1 "$work/restart.txt")"
 wait_first_step restart
 sleep "$settle_s"
 "${cli[@]}" status "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
 
 say kill
 mark kill-start
-"${cli[@]}" kill "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
-mark kill-end
+"${cli[@]}" kill "${where[@]}" > "$work/kill.txt" 2>&1
+tail -2 "$work/kill.txt" | tee -a "$log"
+mark kill-end line="$(tail -1 "$work/kill.txt")"
 "${cli[@]}" runs "${where[@]}" 2>&1 | tee -a "$log"
 
+say "the bare pipeline on the same config and data (bench/pipeline_harness.py)"
+python3 bench/pipeline_harness.py --config "$config" "${sets[@]}" --settle "$settle_s" \
+  --measure "$harness_s" 2>&1 | grep -E "^HARNESS|Error|error" | tee -a "$log" | tee "$work/harness.txt"
+
 say report
-tar -C "$remote" --exclude='checkpoints' -czf "$out/rundirs.tgz" runs
-python3 bench/e2e_report.py report "$events" "$remote/runs" "$settle_s" > "$out/e2e.json"
+tar -C "$remote" --exclude='*.pt' -czf "$out/rundirs.tgz" runs
+python3 bench/e2e_report.py report "$events" "$remote/runs" "$settle_s" "$work/harness.txt" > "$out/e2e.json"
 python3 bench/e2e_report.py table "$out/e2e.json" | tee -a "$log"

@@ -74,6 +74,11 @@ def restore(run: Any, checkpoint: Path) -> TrainPosition:
 class Run:
     def __init__(self, cfg: Config, run_dir: Path, meta: dict[str, Any]) -> None:
         self.cfg, self.run_dir, self.meta = cfg, run_dir, meta
+        # The process's start on the monotonic clock: `python -m trainer` records its wall
+        # time in meta["created"] before importing torch.
+        self.process_started = time.monotonic() - max(
+            0.0, time.time() - meta.get("created", time.time())
+        )
         self.state = RunState(run_dir.name)
         self.faults = FaultPlan("")  # the real plan is read in _execute: bad input exits 2
         self.log = RunLog(run_dir)
@@ -268,7 +273,7 @@ class Run:
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
         from trainer.pipeline import Pipeline
-        from trainer.setup import build_run
+        from trainer.setup import StartupLaps, build_run
         from trainer.wandb_log import start_wandb
         from trainer.warmup import (
             compile_breakdown,
@@ -279,6 +284,8 @@ class Run:
         )
 
         self.faults = faults = FaultPlan()  # a bad DFLASH_FAULT: bad input, before any loading
+        laps = StartupLaps()
+        laps.laps.append(("imports", laps.t - self.process_started))
         self.setup = setup = build_run(
             self.cfg,
             warn=self.log.warn,
@@ -288,13 +295,16 @@ class Run:
             faults=faults,
             preflight=self._preflight,
             on_data=self._on_data,
+            laps=laps,
         )
         self.state.total_steps = setup.total_steps
         self._report_data(setup)
         position = TrainPosition(step=0, batches=0, tokens=0)
         if checkpoint is not None:
             position = restore(setup, checkpoint)
+            laps("checkpoint")
             self.log.line(f"resumed from {checkpoint} at step {position.step}")
+        self.log.line(laps.line())
         self.state.record_step(position.step, position.tokens, 0.0)
         self.state.last_step_at = None
 

@@ -186,6 +186,23 @@ class RunSetup:
         return list(dict.fromkeys([*self.target_devices, *self.drafter_devices]))
 
 
+class StartupLaps:
+    """How long each step of the start-up took, said in one log line: the cold start is
+    judged against a minute, and this says which part to look at."""
+
+    def __init__(self) -> None:
+        self.t = time.monotonic()
+        self.laps: list[tuple[str, float]] = []
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps.append((name, now - self.t))
+        self.t = now
+
+    def line(self) -> str:
+        return "start-up: " + ", ".join(f"{n} {s:.1f}s" for n, s in self.laps)
+
+
 def build_run(
     cfg: Config,
     warn: Callable[[str], None],
@@ -195,13 +212,16 @@ def build_run(
     faults: FaultPlan | None = None,
     preflight: Callable[[Path, str, int], None] = lambda _p, _d, _k: None,
     on_data: Callable[[DataInfo], None] = lambda _i: None,
+    laps: StartupLaps | None = None,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights.
     `preflight(target path, target device, layers kept)` runs once the target's config is
     known, before anything heavy (trainer/preflight.py)."""
+    lap = laps or StartupLaps()
     rt = cfg.runtime
     target_devices = [resolve_device(d, "runtime.targets") for d in rt.targets]
     drafter_devices = [resolve_device(d, "runtime.drafters") for d in rt.drafters]
+    lap("devices")
     settings = loss_settings(cfg, drafter_devices[0])
     for dev in drafter_devices[1:]:
         loss_settings(cfg, dev)  # refuses flex on a CPU replica too
@@ -215,9 +235,12 @@ def build_run(
     )
     check_target_fit(cfg, info, default_ids)  # bad input exits 2 here, before data or models
     layer_ids = cfg.drafter.target_layer_ids or default_ids
+    lap("target config")
     preflight(target_path, str(target_devices[0]), max(layer_ids) + 1)
+    lap("preflight")
     tokenizer, mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
     check_mask_token(cfg, mask_id, info.vocab_size)
+    lap("tokenizer")
 
     faults = faults or FaultPlan("")
     phase(LOADING_DATA)
@@ -240,8 +263,10 @@ def build_run(
     on_data(
         dataclasses.replace(data.info, packing=d.packing, truncated_tokens=report.truncated_tokens)
     )
+    lap("data")
     count = packed_batches_per_epoch if d.packing else batches_per_epoch
     per_epoch = count(samples, d.seq_buckets, cfg.train.batch_size)
+    lap("batches")
 
     # The drafters first, on placeholder embedding/head tensors of the target's shape:
     # compiling needs shapes, not weights, so the target loads on a thread meanwhile and
@@ -261,6 +286,7 @@ def build_run(
     if cfg.train.compile_drafter:
         for model in replicas.models:
             compile_layers(model)
+    lap("drafters")
     distinct = list(dict.fromkeys(target_devices))
     phase(LOADING_TARGET, total=len(distinct), unit="target copies")
     loader = TargetLoader(
@@ -274,6 +300,7 @@ def build_run(
     )
     loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
+    lap("optimizer")
     per_step = len(drafter_devices)
     total = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch / per_step))
     return RunSetup(
