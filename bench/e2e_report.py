@@ -134,6 +134,10 @@ def report(events_path: str, runs_root: str, settle_s: float, harness: str) -> d
         res["kill"] = _kill_line(at["kill-end"].get("line", ""))
     if "restart-end" in at:
         res["restart_line"] = at["restart-end"].get("line", "")
+    if "shipped-first-step" in at:
+        res["shipped_launch_to_first_step_s"] = round(
+            at["shipped-first-step"]["t"] - at["shipped-launch-start"]["t"], 1
+        )
     runs = sorted(p for p in Path(runs_root).iterdir() if p.is_dir())
     res["runs"] = [_run(p, settle_s) for p in runs]
     try:
@@ -172,6 +176,10 @@ def table(path: str) -> str:
     )
     lines.append(f"kill command: {r.get('kill_command_s')} s ({r.get('kill', {}).get('line')})")
     lines.append(f"restart said: {r.get('restart_line')}")
+    lines.append(
+        f"fresh host, compile cache shipped by deploy: launch -> first step "
+        f"{r.get('shipped_launch_to_first_step_s')} s (polled)"
+    )
     lines.append(
         f"harness (bare pipeline, same config and data): {r.get('harness_tok_s')} tok/s; "
         f"launch / harness = {r.get('launch_vs_harness')}"

@@ -56,7 +56,7 @@ case $which in
       say "build the 8B-shaped target (random weights, once per machine)"
       python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1 | tee -a "$log"
     fi
-    train_s=60; settle_s=15; harness_s=45 ;;
+    train_s=45; settle_s=15; harness_s=30 ;;
   tiny)
     config=trainer/configs/tiny-cpu.toml
     sets=(--set train.epochs=50)
@@ -131,6 +131,23 @@ mark kill-end line="$(tail -1 "$work/kill.txt")"
 say "the bare pipeline on the same config and data (bench/pipeline_harness.py)"
 python3 bench/pipeline_harness.py --config "$config" "${sets[@]}" --settle "$settle_s" \
   --measure "$harness_s" 2>&1 | grep -E "^HARNESS|Error|error" | tee -a "$log" | tee "$work/harness.txt"
+
+say "a fresh host, the compile cache shipped by deploy (pull-cache, then deploy)"
+"${cli[@]}" pull-cache "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
+fresh_cache="$work/fresh-cache"; fresh_remote="$work/fresh-remote"
+rm -rf "$fresh_cache" "$fresh_remote"
+# The monitor's store of pulled artifacts lives under DFLASH_CACHE_DIR; a local target shares
+# it with the host, so the fresh host's store is seeded as the operator's machine would be.
+mkdir -p "$fresh_cache" && cp -r "$DFLASH_CACHE_DIR/pulled-artifacts" "$fresh_cache/" 2>/dev/null
+fresh_where=(local --remote-dir "$fresh_remote")
+DFLASH_CACHE_DIR="$fresh_cache" "${cli[@]}" deploy "${fresh_where[@]}" 2>&1 | tail -2 | tee -a "$log"
+mark shipped-launch-start
+DFLASH_CACHE_DIR="$fresh_cache" "${cli[@]}" launch "${fresh_where[@]}" --config "$config" "${sets[@]}" 2>&1 | tail -1 | tee -a "$log"
+where=("${fresh_where[@]}")
+DFLASH_CACHE_DIR="$fresh_cache" wait_first_step shipped
+DFLASH_CACHE_DIR="$fresh_cache" "${cli[@]}" kill "${fresh_where[@]}" 2>&1 | tail -1 | tee -a "$log"
+grep -h "compile cache" "$fresh_remote"/runs/*/train.log | tee -a "$log"
+cp -r "$fresh_remote/runs/"* "$remote/runs/" 2>/dev/null
 
 say report
 tar -C "$remote" --exclude='*.pt' -czf "$out/rundirs.tgz" runs

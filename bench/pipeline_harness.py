@@ -31,7 +31,7 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
 
-    from trainer.__main__ import compile_cache_dir, configure_compile_cache
+    from trainer.compile_cache import compile_cache_dir, configure_compile_cache
     from trainer.config import load_config
 
     cfg = load_config(args.config, args.overrides)

@@ -4,7 +4,8 @@
                [--python PATH] [--identity FILE] [--known-hosts FILE]
                [--headless [--once] [--json] [--interval S]]
     dflash-tui demo [--headless]
-    dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache} [TARGET] [options]
+    dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache}
+               [TARGET] [options]
 
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
@@ -37,6 +38,7 @@ SUBCOMMANDS = {
     "runs": "list runs under the run root and how each ended",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
     "clear-cache": "delete the compile cache (refused while a run is alive)",
+    "pull-cache": "copy the compile-cache artifacts the host's GPU runs saved, for deploy to ship",
 }
 
 
@@ -125,6 +127,12 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
+    if name == "deploy":
+        p.add_argument(
+            "--no-compile-cache",
+            action="store_true",
+            help="do not ship the compile-cache artifacts pulled with pull-cache",
+        )
     return p
 
 
@@ -211,8 +219,19 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
 
     async def work(link: Link, store: Store) -> int:
         if name == "deploy":
-            d = await control.deploy(link, _progress)
+            d = await control.deploy(link, _progress, not args.no_compile_cache)
             _out(f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}")
+            for shipped in d["artifacts"]:
+                _out(f"shipped compile-cache artifacts {shipped}: a fresh host starts warm")
+        elif name == "pull-cache":
+            pulled = await control.pull_artifacts(link)
+            for path, size in pulled:
+                _out(f"pulled {path.name} ({size / 1e6:.1f} MB) into {path.parent}")
+            if not pulled:
+                _out(
+                    "no compile-cache artifacts on the host yet "
+                    "(a GPU run saves them after its warm-up)"
+                )
         elif name == "launch":
             run = await control.launch(link, args.config, args.overrides, _progress)
             _out(

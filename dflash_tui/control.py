@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import io
+import os
+import re
 import tarfile
 import time
 import tomllib
@@ -25,6 +28,7 @@ from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
 from trainer.contract.codehash import code_hash
 from trainer.contract.protocol import (
+    ARTIFACT_CHUNK,
     ClearCompileCache,
     Command,
     Deploy,
@@ -33,6 +37,8 @@ from trainer.contract.protocol import (
     Kill,
     Launch,
     ListRuns,
+    PullArtifacts,
+    PushArtifacts,
     ReadFile,
     Restart,
     RunInfo,
@@ -42,6 +48,7 @@ from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, decode
 
 TRAINER_DIR = Path(trainer.__file__).resolve().parent
+ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 Progress = Callable[[ProgressEvent], None]
 A = TypeVar("A")
 
@@ -91,13 +98,99 @@ def build_bundle() -> tuple[bytes, str, int]:
     return buf.getvalue(), code_hash(TRAINER_DIR), count
 
 
-async def deploy(link: Requester, on_progress: Progress | None = None) -> dict[str, Any]:
+async def deploy(
+    link: Requester, on_progress: Progress | None = None, ship_artifacts: bool = True
+) -> dict[str, Any]:
+    """Ship the trainer and the agent; then the compile-cache artifacts pulled from GPU runs
+    (`pull_artifacts`), so the host's first run starts warm."""
     blob, sha, count = build_bundle()
     data = await link.request(
         Deploy(tar_b64=base64.b64encode(blob).decode(), sha256=sha), on_progress=on_progress
     )
     data["files"] = count
+    data["artifacts"] = await push_artifacts(link, local_artifacts_dir()) if ship_artifacts else []
     return data
+
+
+# -- compile-cache artifacts (trainer/compile_artifacts.py) ----------------------------------
+def local_artifacts_dir() -> Path:
+    """Where the monitor keeps the artifacts it pulled, to ship with deploy."""
+    base = os.environ.get("DFLASH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dflash-tui"
+    )
+    return Path(base) / "pulled-artifacts"
+
+
+@dataclasses.dataclass
+class Artifact:
+    name: str
+    size: int
+    sha256: str
+
+
+async def pull_artifacts(link: Requester, dest: Path | None = None) -> list[tuple[Path, int]]:
+    """Copy every artifact the host's GPU runs saved into `dest` (whole and hash-checked, or
+    not at all); [(path, bytes)]."""
+    dest = dest or local_artifacts_dir()
+    listed = await link.request(PullArtifacts())
+    found = _answer_list(listed)
+    got = []
+    for art in found:
+        h, parts, offset = hashlib.sha256(), [], 0
+        while offset < art.size:
+            part = await link.request(PullArtifacts(name=art.name, offset=offset))
+            chunk = base64.b64decode(str(part.get("chunk_b64", "")), validate=True)
+            if not chunk:
+                raise ControlError(f"pull-cache: {art.name} ended at {offset} of {art.size} bytes")
+            h.update(chunk)
+            parts.append(chunk)
+            offset += len(chunk)
+        if h.hexdigest() != art.sha256:
+            raise ControlError(f"pull-cache: {art.name} arrived hashing to another sha256")
+        dest.mkdir(parents=True, exist_ok=True)
+        path = dest / art.name
+        tmp = path.with_name(f".{art.name}.tmp")
+        tmp.write_bytes(b"".join(parts))
+        tmp.replace(path)
+        got.append((path, art.size))
+    return got
+
+
+def _answer_list(data: dict[str, Any]) -> list[Artifact]:
+    raw = data.get("artifacts")
+    if not isinstance(raw, list):
+        raise ControlError("pull_artifacts: unexpected answer from the agent (no list)")
+    try:
+        arts = [decode(Artifact, x, "pull_artifacts") for x in raw]
+    except Invalid as e:
+        raise ControlError(f"pull_artifacts: unexpected answer from the agent ({e})") from None
+    for a in arts:  # a name from the host becomes a local file name: one plain .bin name
+        if not ARTIFACT_NAME.match(a.name):
+            raise ControlError(f"pull_artifacts: refused the artifact name {a.name!r}")
+    return arts
+
+
+async def push_artifacts(link: Requester, src: Path) -> list[str]:
+    """Send each `src/*.bin` in chunks; the agent moves it into place once it hashes right."""
+    if not src.is_dir():
+        return []
+    sent = []
+    for path in sorted(p for p in src.iterdir() if p.is_file() and ARTIFACT_NAME.match(p.name)):
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        for offset in range(0, len(data), ARTIFACT_CHUNK):
+            chunk = data[offset : offset + ARTIFACT_CHUNK]
+            await link.request(
+                PushArtifacts(
+                    name=path.name,
+                    offset=offset,
+                    size=len(data),
+                    sha256=sha,
+                    chunk_b64=base64.b64encode(chunk).decode(),
+                )
+            )
+        sent.append(f"{path.name} ({len(data) / 1e6:.1f} MB)")
+    return sent
 
 
 def read_config(path: Path) -> tuple[str, str]:

@@ -19,11 +19,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from trainer.compile_cache import compile_cache_dir, configure_compile_cache
 from trainer.config import (
     Config,
     ConfigError,
     apply_overrides,
-    bad_value,
     config_from_dict,
     load_config,
     one_line,
@@ -118,26 +118,6 @@ def resume_checkpoint(run_dir: Path) -> Path:
     if choice.skipped:
         print(f"resume: {choice.describe()}", file=sys.stderr, flush=True)
     return checkpoint
-
-
-def compile_cache_dir(cfg: Config) -> Path:
-    if cfg.runtime.compile_cache_dir:
-        return Path(cfg.runtime.compile_cache_dir).expanduser()
-    from trainer.tiny_target import cache_dir
-
-    return cache_dir() / "compile"
-
-
-def configure_compile_cache(cache_dir: Path) -> None:
-    """Inductor and Triton caches in a stable folder outside the run dir, so a restart
-    reuses compiled kernels. Set before torch is imported."""
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        rule = f"cannot create the folder ({e.strerror or e})"
-        raise bad_value("runtime.compile_cache_dir", str(cache_dir), rule) from None
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
 
 
 def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:

@@ -28,6 +28,8 @@ from trainer.checkpoint import (
     checkpoint_path,
     load_checkpoint,
 )
+from trainer.compile_artifacts import load_shipped, save_after_warmup
+from trainer.compile_cache import compile_cache_dir
 from trainer.config import Config, ConfigError, one_line
 from trainer.contract.checkpoints import CHECKPOINTS
 from trainer.contract.codehash import code_hash
@@ -321,6 +323,9 @@ class Run:
 
         comp = self.state.compile
         comp.cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+        cache_root = compile_cache_dir(self.cfg)
+        first_drafter = setup.drafter_devices[0]
+        load_shipped(cache_root / "artifacts", first_drafter, self.log.line)
         warmup_s = warm_up(
             setup, self.state, self.heartbeat.process.code_sha256, extra_s=faults.slow_s("compile")
         )
@@ -330,6 +335,8 @@ class Run:
         comp.breakdown = compile_breakdown()
         comp.cache_hits, comp.cache_misses = counts["cache_hits"], counts["cache_misses"]
         comp.cache_bypasses = counts["cache_bypasses"]
+        if comp.graphs:  # something compiled: keep it for a fresh host (pull-cache, deploy)
+            save_after_warmup(cache_root, first_drafter, self.log.line, new=comp.cache_misses > 0)
         if setup.loader is not None and setup.loader.is_alive():
             self.state.set_phase(LOADING_TARGET)  # compiled first: now wait for the weights
         setup.finish_loading()

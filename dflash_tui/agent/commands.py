@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
@@ -30,6 +31,8 @@ from trainer.contract.protocol import (
     Launch,
     ListRuns,
     Ping,
+    PullArtifacts,
+    PushArtifacts,
     ReadFile,
     Restart,
 )
@@ -301,6 +304,14 @@ def deploy_release(agent: Agent, cmd: Deploy) -> Any:
     return deploy(agent.remote_dir, cmd)
 
 
+def pull_artifacts(agent: Agent, cmd: PullArtifacts) -> dict[str, Any]:
+    return artifacts.pull(os.path.join(compile_cache_dir(), "artifacts"), cmd)
+
+
+def push_artifacts(agent: Agent, cmd: PushArtifacts) -> dict[str, Any]:
+    return artifacts.push(agent.remote_dir, cmd)
+
+
 HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
     Ping: ping,
     FollowRun: follow,
@@ -312,4 +323,6 @@ HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
     DumpStacks: dump_stacks,
     ClearCompileCache: clear_compile_cache,
     Deploy: deploy_release,
+    PullArtifacts: pull_artifacts,
+    PushArtifacts: push_artifacts,
 }

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dflash_tui.agent.artifacts import SHIPPED_DIR
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import tail_or_empty
 from dflash_tui.agent.runs import RunRoot, take_lock
@@ -31,6 +32,7 @@ from trainer.contract.records import (
 )
 
 AGENT_FILE = "dflash_agent.py"  # the agent bundle in a release (deploy writes it)
+ARTIFACTS_ENV = "DFLASH_COMPILE_ARTIFACTS"  # trainer/compile_artifacts.py reads it
 
 
 def release_dir(remote_dir: str) -> str:
@@ -99,6 +101,8 @@ def launch(
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
         )
         env["PYTHONUNBUFFERED"] = "1"
+        # Compile-cache artifacts deploy shipped: a fresh host's first run starts warm.
+        env.setdefault(ARTIFACTS_ENV, os.path.join(remote_dir, SHIPPED_DIR))
         with open(os.path.join(run_dir, LAUNCH_LOG), "ab") as log:
             try:
                 proc = subprocess.Popen(

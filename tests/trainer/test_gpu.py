@@ -137,3 +137,40 @@ def test_packed_hybrid_forward_with_fla_equals_each_document_alone(tiny_hybrid_t
         at += n
     # Without the boundaries the later documents differ: the test can fail.
     assert not torch.allclose(target.features(ids)[:, 75:], packed[:, 75:], atol=1e-2)
+
+
+@cuda
+def test_artifacts_one_host_saved_warm_a_fresh_ones_first_compile(tmp_path):
+    """A run saves its compile caches as one portable blob after the warm-up; a run on a
+    fresh cache (a new container) given that blob, as deploy ships it, compiles nothing new."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def run(name: str, **env: str) -> tuple[str, dict]:
+        out = tmp_path / name
+        r = subprocess.run(
+            [sys.executable, "-m", "trainer", "--config", "trainer/configs/tiny-gpu.toml",
+             "--run-root", str(out), "--max-steps", "5", "--set", "runtime.wandb_mode=disabled"],
+            cwd=root, capture_output=True, text=True, timeout=400,
+            env={**os.environ, **env},
+        )  # fmt: skip
+        (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+        log = (run_dir / "train.log").read_text()
+        assert r.returncode == 0, r.stderr[-2000:] + log[-3000:]
+        return log, json.loads((run_dir / "heartbeat.json").read_text())["compile"]
+
+    first_cache, fresh_cache = tmp_path / "host-a", tmp_path / "host-b"
+    log, first = run("a", DFLASH_CACHE_DIR=str(first_cache))
+    blobs = list((first_cache / "compile" / "artifacts").glob("*.bin"))
+    assert len(blobs) == 1 and "portable artifacts" in log, log[-2000:]
+    assert first["cache_misses"] > 0
+    log, fresh = run(
+        "b", DFLASH_CACHE_DIR=str(fresh_cache), DFLASH_COMPILE_ARTIFACTS=str(blobs[0].parent)
+    )
+    assert "shipped by deploy" in log and "entries" in log, log[-2000:]
+    assert fresh["cache_misses"] == 0 < fresh["cache_hits"], (first, fresh)

@@ -341,6 +341,32 @@ class Deploy(Command):
         return 120.0
 
 
+# Portable compile-cache artifacts (trainer/compile_artifacts.py) move in chunks: one line
+# carries at most MAX_LINE_BYTES, and a blob can be larger.
+ARTIFACT_CHUNK = 512 << 10  # raw bytes per chunk: its base64 stays under typed.MAX_STR
+
+
+@dataclasses.dataclass(kw_only=True)
+class PullArtifacts(Command):
+    """One chunk of a GPU run's saved artifact (`<compile cache>/artifacts/NAME`); without a
+    name, the list of them (name, size, sha256)."""
+
+    name: str | None = None
+    offset: int = 0
+
+
+@dataclasses.dataclass(kw_only=True)
+class PushArtifacts(Command):
+    """One chunk of an artifact for `<remote dir>/compile-artifacts/NAME`: written to a part
+    file at `offset`, moved into place once `size` bytes are there and hash to `sha256`."""
+
+    name: str
+    offset: int
+    size: int
+    sha256: str
+    chunk_b64: str
+
+
 @dataclasses.dataclass(kw_only=True)
 class ReadFile(Command):
     run_id: str | None = None  # None: the followed run
@@ -359,6 +385,8 @@ COMMANDS: dict[str, type[Command]] = {
     "clear_compile_cache": ClearCompileCache,
     "deploy": Deploy,
     "read_file": ReadFile,
+    "pull_artifacts": PullArtifacts,
+    "push_artifacts": PushArtifacts,
 }
 COMMAND_NAMES: dict[type, str] = {cls: name for name, cls in COMMANDS.items()}
 # Answered inline by the agent's loop; the others run on a thread of their own so that a
