@@ -5,25 +5,13 @@ python3 bench/snapshot_phase.py STATUS.json
 
 from __future__ import annotations
 
-import json
 import sys
+
+from e2e_report import phase_step  # bench/: the one reader of status snapshots
 
 
 def main(path: str) -> str:
-    phase = "?"
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return phase
-    for line in lines:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("kind") == "snapshot":
-            phase = str((obj.get("state") or {}).get("phase") or "?")
-    return phase
+    return phase_step(path).split()[0]
 
 
 if __name__ == "__main__":
