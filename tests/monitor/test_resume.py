@@ -22,6 +22,7 @@ from monitor_helpers import NO_WANDB, TINY, Remote
 from test_control_local import deploy
 
 from dflash_tui import control
+from dflash_tui.headless import status_line
 from trainer.contract.checkpoints import ResumePoint, Skipped
 from trainer.contract.protocol import Launch, ListRuns
 
@@ -91,6 +92,9 @@ def test_restart_continues_a_killed_run_as_if_it_never_stopped(
     assert k.describe() == (
         f"stopped at step {stopped} (SIGTERM), checkpoint {ckpt(stopped)} — resumable with restart"
     )
+    # the header's and headless's word for it
+    r.wait(lambda s: s.shown_phase()[0] == "stopped", 15, "stopped shown")
+    assert status_line(r.store, []).split(" | ")[0].split()[1] == "stopped"
 
     rs = r.call(control.restart(r.link, cut, 30, 5))
     new = rs.launched.run_id
@@ -178,6 +182,8 @@ def test_a_run_sigkilled_before_its_first_checkpoint_restarts_fresh_and_says_so(
     assert k.describe() == (
         f"killed (SIGKILL) at step {k.outcome.step}, no checkpoint — restart starts at step 0"
     )
+    r.wait(lambda s: s.shown_phase()[0] == "killed (SIGKILL)", 15, "killed shown")
+    assert status_line(r.store, []).split(" | ")[0].split()[1:3] == ["killed", "(SIGKILL)"]
 
     monkeypatch.delenv("DFLASH_FAULT")
     clean = remote_factory(local_target)
