@@ -41,6 +41,7 @@ from dflash_tui.widgets.screens import (
     ConfirmScreen,
     FilterScreen,
     HelpScreen,
+    RestartScreen,
     RunsScreen,
     TextScreen,
 )
@@ -104,7 +105,11 @@ class DFlashApp(App[int]):
 
     # The same actions as the keys, in the command palette (ctrl+p).
     PALETTE = (
-        ("Restart the run", "kill, wait for GPU memory, launch the same config (r)", "restart"),
+        (
+            "Restart the run",
+            "kill, wait for GPU memory, launch the same config: resume or fresh (r)",
+            "restart",
+        ),
         ("Kill the run", "SIGTERM its process group, then SIGKILL (k)", "kill"),
         ("Dump stacks", "every thread's stack, and py-spy where installed (d)", "dump_stacks"),
         ("Clear the compile cache", "refused while a run is alive (c)", "clear_cache"),
@@ -246,22 +251,52 @@ class DFlashApp(App[int]):
             k = await control.kill(self.link, on_progress=self._progress)
             drain = f", GPU memory released in {k.drain_s:.1f}s" if k.drain_s is not None else ""
             self.notify(
-                f"killed {k.run_id} with {k.signal} in {k.stop_s:.1f}s{drain}",
-                title="kill",
-                timeout=10,
+                f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s{drain}", title="kill", timeout=10
             )
 
         self._control("kill", run)
 
+    def _resume_offer(self) -> tuple[str, str]:
+        """(the resume button's label, what it will do) for the followed run: an alive run
+        is stopped first and checkpoints as it stops; a dead one has its newest good
+        checkpoint in the runs list (the agent read the sidecars)."""
+        s = self.store
+        if s.process_alive():
+            step = s.heartbeat.step if s.heartbeat else None
+            where = f" (step {step} now)" if step is not None else ""
+            return (
+                f"Resume from where it stops{where}",
+                "It is stopped first and checkpoints as it stops; the new run continues from "
+                "its newest good checkpoint.",
+            )
+        run = s.current_run()
+        point = run.resume if run else None
+        if point is None:
+            return "Resume from its newest good checkpoint", ""
+        if point.name is None:
+            return "Resume: no good checkpoint (starts at step 0)", point.describe()
+        of = f" of {point.run_id}" if point.run_id != s.run_id else ""
+        return f"Resume from step {point.step}", point.describe() + of
+
     def action_restart(self) -> None:
         async def run() -> None:
-            if not await self._confirm(
-                f"Restart run {self.store.run_id}? (kill, wait for GPU "
-                "memory, launch the same config in a new run dir)"
-            ):
+            run_id = self.store.run_id
+            label, detail = self._resume_offer()
+            screen: Any = RestartScreen(
+                f"Restart run {run_id}? (kill it, wait for GPU memory, launch the same config "
+                "in a new run dir)",
+                label,
+                detail,
+            )
+            choice = await self.push_screen_wait(screen)
+            if choice is None:
                 return
-            r = await control.restart(self.link, self.store.run_id, on_progress=self._progress)
-            self.notify(f"restarted as {r.launched.run_id}", title="restart", timeout=10)
+            r = await control.restart(
+                self.link, run_id, on_progress=self._progress, fresh=choice == "fresh"
+            )
+            if r.killed is not None:
+                self.notify(f"{r.killed.run_id} {r.killed.describe()}", title="kill", timeout=10)
+            self.notify(r.describe(), title="restart", timeout=10)
 
         self._control("restart", run)
 

@@ -33,7 +33,8 @@ SUBCOMMANDS = {
     "deploy": "ship trainer/ and the agent to the host, record the code's sha256",
     "launch": "start a run in a fresh run dir (refused while one is alive)",
     "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
-    "restart": "kill, wait for memory to drain, launch again with the same config",
+    "restart": "kill, wait for memory to drain, launch the same config again, continuing "
+    "from the run's newest good checkpoint (--fresh: from step 0)",
     "status": "one snapshot of the run (= --headless --once); exit 0/1/2/3",
     "runs": "list runs under the run root and how each ended",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
@@ -119,6 +120,12 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
     if name in ("kill", "restart", "dump-stacks"):
         p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
+    if name == "restart":
+        p.add_argument(
+            "--fresh",
+            action="store_true",
+            help="start from step 0 instead of the newest good checkpoint",
+        )
     if name == "runs":
         p.add_argument(
             "--env",
@@ -248,15 +255,17 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 else f"still held by pids {k.gpu_held_by}"
             )
             _out(
-                f"killed {k.run_id} with {k.signal} in {k.stop_s:.1f}s; GPU memory "
+                f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s; GPU memory "
                 f"released: {drain}; orphans: {k.orphans or 'none'}"
             )
             return 0 if not k.orphans and not k.gpu_held_by else 1
         elif name == "restart":
             r = await control.restart(
-                link, args.run_id, args.timeout, args.drain_timeout, _progress
+                link, args.run_id, args.timeout, args.drain_timeout, _progress, args.fresh
             )
-            _out(f"restarted as {r.launched.run_id}")
+            if r.killed is not None:
+                _out(f"{r.killed.run_id} {r.killed.describe()}")
+            _out(r.describe())
         elif name == "dump-stacks":
             st = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
             print(sanitize.lines(st.text))

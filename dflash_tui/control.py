@@ -26,7 +26,9 @@ from typing import Any, Protocol, TypeVar
 import trainer
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
+from trainer.contract.checkpoints import ResumePoint
 from trainer.contract.codehash import code_hash
+from trainer.contract.outcomes import CRASH, FINISHED, KILLED, STOPPED_EARLY, Outcome
 from trainer.contract.protocol import (
     ARTIFACT_CHUNK,
     ClearCompileCache,
@@ -235,12 +237,62 @@ class Killed:
     gpu_held_by: list[int] = dataclasses.field(default_factory=list)
     orphans: list[int] = dataclasses.field(default_factory=list)
     exit: ExitRecord | None = None
+    outcome: Outcome | None = None  # how the run ended, read once it had (the agent's)
+
+    def describe(self) -> str:
+        """How the kill ended the run, in the outcome's words, and what a restart continues:
+        `stopped at step 105 (SIGTERM), checkpoint checkpoints/step-00000105.pt — resumable
+        with restart`, `killed (SIGKILL) at step 57 … — restart starts at step 0`."""
+        o = self.outcome
+        sent = self.signal or "SIGTERM"
+        if o is None:  # not read (the process did not end?)
+            return f"signalled ({sent})"
+        at = f" at step {o.step}" if o.step is not None else ""
+        if o.kind == FINISHED:
+            return o.summary
+        if o.kind == CRASH:
+            return f"{o.summary} ({sent})"
+        if o.kind == STOPPED_EARLY:
+            what = f"stopped{at} ({sent})"
+        elif o.kind == KILLED:
+            what = f"killed ({o.signal}){at}" if o.signal else f"vanished{at} (no exit record)"
+        else:
+            what = f"{o.kind.replace('_', ' ')}{at} ({sent})"
+        point = o.resume
+        if point is None:
+            checkpoint = f", checkpoint {o.checkpoint}" if o.checkpoint else ""
+            return what + checkpoint + (" — resumable with restart" if o.resumable else "")
+        if point.name is None:
+            none = "no good checkpoint" if point.skipped or o.checkpoint else "no checkpoint"
+            return f"{what}, {none} — restart starts at step 0"
+        where = point.name if point.run_id == self.run_id else f"{point.name} of {point.run_id}"
+        newest = o.checkpoint
+        passed = f" (newest {newest} not good)" if newest and newest != point.name else ""
+        return f"{what}, checkpoint {where}{passed} — resumable with restart"
 
 
 @dataclasses.dataclass
 class Restarted:
     launched: Launched
     killed: Killed | None = None  # None: it was not running
+    resume: ResumePoint | None = None  # what it continues; None: asked to start fresh
+    fresh: bool = False  # asked for step 0 (--fresh)
+
+    def describe(self) -> str:
+        """`restarted as NEW, resuming from checkpoints/step-00000105.pt (step 105) of
+        PARENT`; or why it starts at step 0, with each checkpoint passed over and why."""
+        head = f"restarted as {self.launched.run_id}"
+        point = self.resume
+        if point is None:
+            return f"{head}, fresh from step 0" + (" (as asked)" if self.fresh else "")
+        if point.name is None:
+            return f"{head}, {point.describe()}"
+        text = f"{head}, resuming from {point.name} (step {point.step}) of {point.run_id}"
+        if not point.verified:
+            text += " (no sidecar: the trainer checks it as it loads)"
+        if point.skipped:
+            text += " (" + "; ".join(f"skipped {s.name}: {s.why}" for s in point.skipped) + ")"
+        return text
 
 
 @dataclasses.dataclass
@@ -294,11 +346,17 @@ def kill_command(
 
 
 def restart_command(
-    run_id: str | None = None, timeout_s: float | None = None, drain_timeout_s: float | None = None
+    run_id: str | None = None,
+    timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    fresh: bool = False,
 ) -> Restart:
     kill = kill_command(run_id, timeout_s, drain_timeout_s)
     return Restart(
-        run_id=kill.run_id, timeout_s=kill.timeout_s, drain_timeout_s=kill.drain_timeout_s
+        run_id=kill.run_id,
+        timeout_s=kill.timeout_s,
+        drain_timeout_s=kill.drain_timeout_s,
+        fresh=fresh,
     )
 
 
@@ -329,10 +387,12 @@ async def restart(
     timeout_s: float | None = None,
     drain_timeout_s: float | None = None,
     on_progress: Progress | None = None,
+    fresh: bool = False,
 ) -> Restarted:
-    """Kill (when alive), wait for GPU memory, launch the same config in a new run dir; the
-    new run's first heartbeat is waited for too."""
-    cmd = restart_command(run_id, timeout_s, drain_timeout_s)
+    """Kill (when alive), wait for GPU memory, launch the same config and overrides in a new
+    run dir, continuing the run's newest good checkpoint (`fresh`: from step 0); the new
+    run's first heartbeat is waited for too."""
+    cmd = restart_command(run_id, timeout_s, drain_timeout_s, fresh)
     return _answer(Restarted, cmd, await link.request(cmd, on_progress=on_progress))
 
 

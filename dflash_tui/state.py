@@ -300,7 +300,7 @@ class Store:
         phase, age = self.phase()
         outcome = self.outcome()
         if outcome is not None:
-            return outcome.kind.replace("_", " "), age if phase in FINAL_PHASES else None
+            return outcome.word, age if phase in FINAL_PHASES else None
         return phase, age
 
     def heartbeat_note(self) -> str | None:

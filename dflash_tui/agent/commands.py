@@ -134,6 +134,9 @@ def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
 
 
 def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
+    """Kill the run (when alive and proven), then launch its config and overrides again in a
+    new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
+    one), or from step 0 when `fresh` or when it has none (the answer says which and why)."""
     run_id = target_run(agent, cmd.run_id, need_alive=False)
     run_dir = agent.runs.checked_dir(run_id)
     record = read_launch(run_dir)
@@ -151,6 +154,9 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
         progress(f"{e}; launching it again")
     else:
         killed = kill(agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, progress)
+    resume = None if cmd.fresh else agent.runs.resume_point(run_id)
+    if resume is not None:
+        progress(resume.describe())
     started = launch(
         agent.runs,
         agent.remote_dir,
@@ -160,8 +166,9 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
         record.name or "run",
         cmd.start_timeout_s,
         progress,
+        resume=resume,
     )
-    return {"killed": killed, "launched": started}
+    return {"killed": killed, "launched": started, "resume": resume, "fresh": cmd.fresh}
 
 
 # The named dump must arrive within NAMED_WAIT_S. A SIGUSR1 that a native library swallowed

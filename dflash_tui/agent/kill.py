@@ -1,9 +1,11 @@
 """Stopping a run: SIGTERM to its process group, SIGKILL after a timeout, then waiting until
-its GPU memory is released (the next run needs it), and reading the exit record. Only a
-group proven to be the run's is signalled (identity.py)."""
+its GPU memory is released (the next run needs it), and reading the exit record and how the
+run ended (its outcome: where it stopped, what a restart resumes from). Only a group proven
+to be the run's is signalled (identity.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -11,9 +13,11 @@ from typing import Any
 
 from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.identity import Group, prove
-from dflash_tui.agent.runs import RunRoot
+from dflash_tui.agent.runs import RunRoot, newest_checkpoint
+from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+from trainer.contract.outcomes import outcome_of
 from trainer.contract.protocol import GpuProcess
-from trainer.contract.records import ExitRecord, read_exit
+from trainer.contract.records import HEARTBEAT, ExitRecord, read_exit
 
 GpuEntries = dict[tuple[int, int], GpuProcess]  # (GPU index, pid) -> its process entry
 
@@ -67,6 +71,15 @@ def kill(
     while read_exit(run_dir) is None and time.monotonic() < end:
         time.sleep(0.05)
     ended = read_exit(run_dir)
+    exit_record = ended if isinstance(ended, ExitRecord) else None
+    hb = read_heartbeat(os.path.join(run_dir, HEARTBEAT))
+    outcome = outcome_of(
+        False,
+        hb if isinstance(hb, Heartbeat) else None,
+        exit_record,
+        newest_checkpoint(run_dir),
+        resume=runs.resume_point(run_id),
+    )
     drained = "" if drain_s is None else f", GPU memory released after {drain_s:.1f}s"
     progress(f"stopped in {stop_s:.1f}s{drained}")
     return {
@@ -77,7 +90,8 @@ def kill(
         "drain_s": drain_s,
         "gpu_held_by": held,
         "orphans": orphans,
-        "exit": ended if isinstance(ended, ExitRecord) else None,
+        "exit": exit_record,
+        "outcome": outcome,
     }
 
 

@@ -20,6 +20,7 @@ from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import tail_or_empty
 from dflash_tui.agent.runs import RunRoot, take_lock
 from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
+from trainer.contract.checkpoints import ResumePoint
 from trainer.contract.records import (
     HEARTBEAT,
     LAUNCH_CONFIG,
@@ -51,7 +52,12 @@ def launch(
     name: str,
     start_timeout_s: float,
     progress: Callable[[str], None],
+    resume: ResumePoint | None = None,
 ) -> dict[str, Any]:
+    """`resume`: continue that run's checkpoint (`--resume` its run dir: the trainer applies
+    the same rule to the same files, and continues the step counter, LR and data order)."""
+    if resume is not None and resume.name is None:
+        resume = None  # no good checkpoint: a fresh start
     release = release_dir(remote_dir)
     os.makedirs(runs.path, exist_ok=True)
     lock_fd = runs.open_lock(create=True)
@@ -67,6 +73,8 @@ def launch(
         # makes sys.executable relative).
         python = python or os.path.abspath(sys.executable)
         argv = [python, "-m", "trainer", "--config", config_path, "--run-dir", run_dir]
+        if resume is not None:
+            argv += ["--resume", runs.run_dir(resume.run_id)]
         for o in overrides:
             argv += ["--set", o]
         write_launch(
@@ -80,6 +88,8 @@ def launch(
                 release=release,
                 launched_at=time.time(),
                 agent_pid=os.getpid(),
+                resumed_from=resume.run_id if resume else None,
+                checkpoint=resume.name if resume else None,
             ),
         )
         wrapper = [

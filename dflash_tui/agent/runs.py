@@ -25,6 +25,8 @@ from typing import TypeVar
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in, tail_or_empty, what_is
 from dflash_tui.agent.procs import pid_alive
+from dflash_tui.agent.resume import Checkpoints
+from trainer.contract.checkpoints import ResumePoint, Skipped
 from trainer.contract.comparable import signature_of
 from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
@@ -57,6 +59,7 @@ SAFE_ID = SAFE_NAME  # a run id: one plain name, no `..`, no slash
 CHECKPOINT_NAME = re.compile(r"^step-\d+\.pt$")
 LAST_WORDS_BYTES = 16 * 1024  # how much of a log's end to search for its last words
 METRICS_CHUNK = 4 << 20  # bytes of metrics.jsonl held at once while summarising it
+MAX_LINEAGE = 16  # runs followed back for one with no good checkpoint of its own
 
 T = TypeVar("T")
 
@@ -200,6 +203,7 @@ class RunRoot:
         # Names under the root that look like runs but are refused (a symlink), with why:
         # never listed as runs, never followed.
         self.refused: dict[str, str] = {}
+        self.checkpoints = Checkpoints()
 
     def run_dir(self, run_id: str) -> str:
         """The run's path (its id checked: one plain name, no `..`, no slash)."""
@@ -354,13 +358,14 @@ class RunRoot:
         exit_record = _readable(exit_read, EXIT, unreadable)
         alive = is_alive(run_id, alive_run, exit_read is not None, process_of(launch, hb))
         checkpoint = newest_checkpoint(d)
-        outcome = outcome_of(alive, hb, exit_record, checkpoint)
+        resume = self.resume_point(run_id)
+        outcome = outcome_of(alive, hb, exit_record, checkpoint, resume=resume)
         recorded_error = (hb is not None and hb.error is not None) or bool(
             exit_record and exit_record.error
         )
         if outcome.kind in (DIED, CRASH) and not recorded_error:
             # Only these summaries quote the logs: read them only for these runs.
-            outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d))
+            outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d), resume)
         best, last, steps = self._metrics_summary(run_id, d)
         name = config.get("name") if config is not None else None
         return RunInfo(
@@ -384,7 +389,41 @@ class RunRoot:
             unreadable=unreadable,
             environment=read_environment(config),
             preflight=read_preflight(config),
+            resume=resume,
         )
+
+    def resume_point(self, run_id: str) -> ResumePoint:
+        """Where a restart of `run_id` continues: its newest good checkpoint. A run with none
+        of its own that was itself resumed (launch.json's `resumed_from`) continues from its
+        parent's, and so on back: a resumed run SIGKILLed before its first checkpoint does
+        not send the next restart back to step 0. Once a parent is used, every skipped name
+        is prefixed with its run id."""
+        skipped: list[tuple[str, str, str]] = []  # (run id, name, why)
+        current, seen = run_id, {run_id}
+        point = ResumePoint(run_id)
+        for _ in range(MAX_LINEAGE):
+            choice = self.checkpoints.choice(self.run_dir(current))
+            skipped += [(current, n, why) for n, why in choice.skipped]
+            if choice.name is not None:
+                point = ResumePoint(current, choice.name, choice.step, choice.verified)
+                break
+            parent = self._parent(current)
+            if parent is None or parent in seen:
+                break
+            skipped.append((current, "", "no good checkpoint of its own: its parent's"))
+            current = parent
+            seen.add(parent)
+        lineage = current != run_id
+        point.skipped = [
+            Skipped(f"{r}/{n}".rstrip("/") if lineage else n, why) for r, n, why in skipped
+        ]
+        return point
+
+    def _parent(self, run_id: str) -> str | None:
+        """The run `run_id` resumed from, when it is a run under this root."""
+        launch = read_launch(self.run_dir(run_id))
+        parent = launch.resumed_from if isinstance(launch, LaunchRecord) else None
+        return parent if parent and self.is_run(parent) else None
 
     def _metrics_summary(self, run_id: str, run_dir: str) -> tuple[float | None, float | None, int]:
         """Best/last tok/s and the last step, read incrementally: a 1 GB metrics file is

@@ -42,7 +42,7 @@ class StatusBar(Static):
                 "killed": "bold red",
                 "died before start": "bold red",
                 "finished": "cyan",
-            }.get(phase, "bold yellow")
+            }.get(phase.split(" (")[0], "bold yellow")  # `killed (SIGKILL)` is red too
             t.append("   ")
             t.append(safe.text(f" {phase} ", f"reverse {style}"))  # a newer trainer's phase
             if age is not None:

@@ -41,6 +41,10 @@ class HeartbeatPane(Static):
         phase, age = s.phase()
         progress = hb.phase_progress
         what = safe.text(f"{phase} for {duration(age)}", "bold")
+        outcome = s.outcome()
+        if outcome is not None and outcome.word != phase:
+            # A SIGKILLed run's last heartbeat still says `training`: say how it ended.
+            what = safe.text(f"{outcome.word} (its last heartbeat said {phase})", "bold")
         if progress is not None and progress.total:
             what.append(safe.text(f"  ({progress.unit} {progress.done}/{progress.total})"))
         t.add_row("phase", what)

@@ -1,13 +1,14 @@
-"""Modal screens: confirm, a scrollable text (stack dumps), help, the filter, the runs."""
+"""Modal screens: confirm, restart's choice, a scrollable text (stack dumps), help, the
+filter, the runs."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Input, Label, Static
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from dflash_tui.facts import run_outcome
 from dflash_tui.widgets import safe
@@ -45,6 +46,49 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class RestartScreen(ModalScreen[str | None]):
+    """Restart's choice: "resume" (the newest good checkpoint), "fresh" (step 0), or None
+    (cancel), by key or button. The labels quote the host (run ids, checkpoint names, why
+    one was skipped): Text, never markup."""
+
+    BINDINGS = [
+        Binding("r", "choose('resume')", "resume"),
+        Binding("f", "choose('fresh')", "fresh"),
+        Binding("n,escape", "choose('')", "cancel"),
+    ]
+    DEFAULT_CSS = """
+    RestartScreen { align: center middle; }
+    RestartScreen > Vertical { width: 100; height: auto; border: thick $warning;
+                               background: $surface; padding: 1 2; }
+    RestartScreen Horizontal { height: auto; margin-top: 1; }
+    RestartScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, question: str, resume_label: str, detail: str = "") -> None:
+        super().__init__()
+        self.question, self.resume_label, self.detail = question, resume_label, detail
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(safe.text(self.question))
+            if self.detail:
+                yield Static(safe.text(self.detail, "dim"), id="detail")
+            with Horizontal():
+                yield Button(safe.text(self.resume_label), id="resume", variant="primary")
+                yield Button(Text("Start fresh (step 0)"), id="fresh")
+                yield Button(Text("Cancel"), id="cancel")
+            yield Static(Text("\nr = resume    f = fresh    n / esc = cancel", style="dim"))
+
+    def on_mount(self) -> None:
+        self.query_one("#resume", Button).focus()  # Enter resumes: the default
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_choose(event.button.id or "")
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice if choice in ("resume", "fresh") else None)
+
+
 class TextScreen(Screen[None]):
     """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable;
     escape or q goes back."""
@@ -67,7 +111,8 @@ class TextScreen(Screen[None]):
 
 
 HELP = """\
-r   restart the run (kill, wait for GPU memory, launch the same config)   asks first
+r   restart the run (kill, wait for GPU memory, launch the same config): resume from
+    its newest good checkpoint, or start fresh from step 0   asks which
 k   kill the run (SIGTERM its process group, then SIGKILL), shows the drain   asks first
 d   dump every thread's stack (SIGUSR1; py-spy too where installed)
 c   clear the compile cache (refused while a run is alive)   asks first

@@ -103,10 +103,11 @@ class AgentProcess:
         return result
 
     def runs(self) -> dict[str, dict[str, Any]]:
-        """The runs list that list_runs sends (it goes out before the result)."""
+        """The runs list that list_runs sends (it goes out just before the result; an
+        earlier periodic one may still be queued before it)."""
         n = len(self.seen)
         assert self.request({"cmd": "list_runs"})["ok"]
-        event = next(e for e in self.seen[n:] if e["type"] == "runs")
+        event = next(e for e in reversed(self.seen[n:]) if e["type"] == "runs")
         return {r["run_id"]: r for r in event["runs"]}
 
     def close(self) -> None:
@@ -166,6 +167,14 @@ def test_the_runs_list_reads_run_dirs_of_the_previous_main(agent_factory, tmp_pa
         "signal": None,
         "thread": None,
         "checkpoint": "checkpoints/step-00000040.pt",
+        # From before sidecars: the newest .pt, which the trainer checks as it loads it.
+        "resume": {
+            "run_id": FINISHED,
+            "name": "checkpoints/step-00000040.pt",
+            "step": 40,
+            "verified": False,
+            "skipped": [],
+        },
     }
     # Schema 1 said "finished" for a stop: the step settles it, and the checkpoint resumes it.
     assert stopped["kind"] == "stopped"

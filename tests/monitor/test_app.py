@@ -21,7 +21,7 @@ from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
-from dflash_tui.widgets.screens import HelpScreen, RunsScreen
+from dflash_tui.widgets.screens import HelpScreen, RestartScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Kill, Launch
 
@@ -207,6 +207,22 @@ def live_remote(tmp_path):
     r.close()
 
 
+def plain_label(screen, selector: str) -> str:
+    return str(screen.query_one(selector).label)
+
+
+async def restarted(pilot, app: DFlashApp) -> str:
+    """The new run id and what it continues, from the restart's toast (toasts expire: the
+    last one is this restart's)."""
+    for _ in range(600):
+        await pilot.pause(0.1)
+        if app._busy is None:
+            break
+    done = [n.message for n in app._notifications if n.message.startswith("restarted as ")]
+    assert done, [n.message for n in app._notifications]
+    return done[-1].removeprefix("restarted as ")
+
+
 def test_control_keys_drive_the_real_run(live_remote):
     target, run_id, _r = live_remote
 
@@ -254,33 +270,68 @@ def test_control_keys_drive_the_real_run(live_remote):
                 await pilot.pause(0.1)
                 if app._busy is None:
                     break
-            killed = [n.message for n in app._notifications if n.message.startswith("killed")]
-            assert len(killed) == 1 and run_id in killed[0]
+            killed = [n.message for n in app._notifications if "stopped at step" in n.message]
+            assert len(killed) == 1 and killed[0].startswith(f"{run_id} stopped at step ")
+            assert "(SIGTERM), checkpoint checkpoints/step-" in killed[0]
+            assert "— resumable with restart" in killed[0]
             for _ in range(50):  # liveness is re-checked every second
                 await pilot.pause(0.1)
                 if app.store.process_alive() is False:
                     break
             assert app.store.process_alive() is False
-
-            # r: restart into a new run dir, which the app then follows
-            await pilot.press("r")
-            await pilot.press("y")
-            for _ in range(600):
+            runs = Path(target.remote_dir) / "runs"
+            stopped = json.loads((runs / run_id / "exit.json").read_text())["step"]
+            checkpoint = f"checkpoints/step-{stopped:08d}.pt"
+            for _ in range(50):  # the runs list after the stop: its newest good checkpoint
                 await pilot.pause(0.1)
-                if app._busy is None:
+                run = app.store.current_run()
+                if run and run.resume and run.resume.step == stopped:
                     break
-            restarted = [n.message for n in app._notifications if "restarted as" in n.message]
-            assert restarted, [n.message for n in app._notifications]
-            new_id = restarted[0].split("restarted as ")[1]
+
+            # r asks which; escape sends nothing
+            await pilot.press("r")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, RestartScreen)
+            assert plain_label(app.screen, "#resume") == f"Resume from step {stopped}"
+            assert plain_label(app.screen, "#fresh") == "Start fresh (step 0)"
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, RestartScreen) and app._busy is None
+            assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [run_id]
+
+            # r, then r: resume from that checkpoint into a new run dir, which the app follows
+            await pilot.press("r")
+            await pilot.press("r")
+            new_id = await restarted(pilot, app)
+            assert new_id.endswith(f", resuming from {checkpoint} (step {stopped}) of {run_id}")
+            new_id = new_id.split(",")[0]
+            launched = json.loads((runs / new_id / "launch.json").read_text())
+            assert launched["resumed_from"] == run_id and launched["checkpoint"] == checkpoint
             for _ in range(300):
                 await pilot.pause(0.1)
                 if app.store.run_id == new_id and app.store.step_lines:
                     break
             assert app.store.run_id == new_id and app.store.step_lines
+            said = (runs / new_id / "train.log").read_text()  # the trainer's own word
+            assert f"resumed from {runs / run_id / checkpoint} at step {stopped}" in said
+
+            # r on the alive run, then the fresh button: it is stopped, and step 0 again
+            await pilot.press("r")
+            await pilot.pause(0.2)
+            assert plain_label(app.screen, "#resume").startswith("Resume from where it stops")
+            await pilot.click("#fresh")
+            fresh = await restarted(pilot, app)
+            assert fresh.endswith(", fresh from step 0 (as asked)")
+            fresh_id = fresh.split(",")[0]
+            assert fresh_id != new_id
+            assert json.loads((runs / fresh_id / "launch.json").read_text())["resumed_from"] is None
+            assert any(
+                n.message.startswith(f"{new_id} stopped at step") for n in app._notifications
+            )
 
             await pilot.press("q")
         # q leaves the remote run alone
-        assert not (Path(target.remote_dir) / "runs" / new_id / "exit.json").exists()
+        assert not (Path(target.remote_dir) / "runs" / fresh_id / "exit.json").exists()
 
     run(go())
 

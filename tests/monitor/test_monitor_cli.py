@@ -194,3 +194,51 @@ def test_a_named_targets_baseline_reaches_the_diagnosis(tmp_path, running):
         time.sleep(1)
     assert r.returncode == 1, r.stdout
     assert "below the 500.0K baseline" in r.stdout
+
+
+def test_kill_says_where_it_stopped_and_restart_what_it_resumes(tmp_path):
+    remote = tmp_path / "remote"
+    where = ["local", "--remote-dir", str(remote)]
+    assert cli("deploy", *where).returncode == 0
+    r = cli(
+        "launch", *where, "--config", str(TINY), "--set", NO_WANDB, "--set", "train.max_steps=400"
+    )
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.split()[1]
+    run_dir = remote / "runs" / run_id
+    try:
+        deadline = time.monotonic() + 60
+        while "step=" not in (run_dir / "train.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        k = cli("kill", *where, "--timeout", "30")
+        assert k.returncode == 0, k.stderr
+        step = json.loads((run_dir / "exit.json").read_text())["step"]
+        checkpoint = f"checkpoints/step-{step:08d}.pt"
+        assert k.stdout.startswith(
+            f"{run_id} stopped at step {step} (SIGTERM), checkpoint {checkpoint} — resumable "
+            "with restart; "
+        ), k.stdout
+
+        runs = cli("runs", *where)
+        row = next(ln for ln in runs.stdout.splitlines() if ln.startswith(run_id))
+        assert row.endswith(f"stopped at step {step} of 400, checkpoint {checkpoint}: resumable")
+        status = cli("status", *where)
+        assert status.stdout.split(" | ")[0].split()[1] == "stopped", status.stdout
+
+        rs = cli("restart", *where, "--run", run_id, "--timeout", "30")
+        assert rs.returncode == 0, rs.stderr
+        (line,) = rs.stdout.splitlines()  # nothing was alive to kill
+        new = line.split()[2].rstrip(",")
+        assert line == (f"restarted as {new}, resuming from {checkpoint} (step {step}) of {run_id}")
+
+        fresh = cli("restart", *where, "--fresh", "--timeout", "30")
+        assert fresh.returncode == 0, fresh.stderr
+        killed, line = fresh.stdout.splitlines()
+        assert killed.startswith(f"{new} stopped at step ") and "resumable with restart" in killed
+        newest = line.split()[2].rstrip(",")
+        assert line == f"restarted as {newest}, fresh from step 0 (as asked)"
+        launched = json.loads((remote / "runs" / newest / "launch.json").read_text())
+        assert launched["resumed_from"] is None and "--resume" not in launched["argv"]
+    finally:
+        cli("kill", *where, "--timeout", "20")

@@ -6,6 +6,7 @@ whose runs list said `exit 0 (finished)` for a run stopped at step 51 of 400."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -160,3 +161,27 @@ def test_a_newer_heartbeat_says_upgrade_and_shows_what_it_knows() -> None:
     assert "heartbeat schema 3: upgrade dflash-tui (this one reads 2)" in pane
     assert "step 30" in pane and "training for" in pane  # the fields it knows
     assert "malformed" not in status
+
+
+def test_a_stop_signal_after_the_final_heartbeat_is_not_a_kill() -> None:
+    """The trainer's final heartbeat said `stopped`, exit code 0; a second SIGTERM (a group
+    signal during teardown) then ended the process: the wrapper records death by SIGTERM,
+    and the run is still `stopped`. A SIGKILL there, or a SIGTERM mid-training, is a kill."""
+    hb, ex = recorded(STOPPED)
+    assert hb is not None
+    final = dataclasses.replace(hb, phase="stopped", exit_code=0)
+    late = dataclasses.replace(ex, exit_code=None, signal="SIGTERM")
+    got = outcome_of(False, final, late, "checkpoints/step-00000051.pt")
+    assert got.kind == "stopped" and got.word == "stopped"
+    assert got.summary == (
+        "stopped at step 51 of 400, checkpoint checkpoints/step-00000051.pt: resumable"
+    )
+    done = dataclasses.replace(final, phase="finished", step=400)
+    finished = dataclasses.replace(late, signal="SIGINT", step=400, final_phase="finished")
+    assert outcome_of(False, done, finished).kind == "finished"
+
+    sigkill = outcome_of(False, final, dataclasses.replace(late, signal="SIGKILL"))
+    assert sigkill.kind == "killed" and sigkill.word == "killed (SIGKILL)"
+    assert sigkill.summary.startswith("killed (SIGKILL) at step 51 of 400")
+    training = dataclasses.replace(hb, phase="training", exit_code=None)
+    assert outcome_of(False, training, late).kind == "killed"

@@ -362,6 +362,49 @@ def test_symlinks_planted_in_the_run_root_are_refused_not_followed(
     assert not any(e["type"] in ("line", "heartbeat") for e in agent.seen)
 
 
+def test_planted_checkpoints_are_refused_not_followed(agent_factory, tmp_path):  # noqa: F811
+    """What a restart would resume from, in the runs list: a checkpoint or sidecar that is a
+    symlink is not followed (the checkpoint is refused and named; the sidecar counts as none,
+    so the trainer checks the file itself), a FIFO sidecar does not block, and a
+    `checkpoints` symlink is refused whatever it names."""
+    secret = tmp_path / "outside"
+    secret.mkdir()
+    good_meta = {"step": 30, "file": "step-00000030.pt", "finite": True, "loss": 1.0}
+    (secret / "step-00000030.json").write_text(json.dumps(good_meta))
+    (secret / "step-00000030.pt").write_bytes(b"PK")
+    root = tmp_path / "runs"
+    run = root / "20260101-000000-ckpt-0000"
+    ckpts = run / "checkpoints"
+    ckpts.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"name": "ckpt", "run": {"created": 1.0}}))
+    (ckpts / "step-00000030.pt").symlink_to(secret / "step-00000030.pt")
+    (ckpts / "step-00000020.pt").write_bytes(b"PK")
+    (ckpts / "step-00000020.json").symlink_to(secret / "step-00000030.json")
+    (ckpts / "step-00000010.pt").write_bytes(b"PK")
+    os.mkfifo(ckpts / "step-00000010.json")
+    planted = root / "20260101-000001-planted-0000"
+    planted.mkdir()
+    (planted / "config.json").write_text(json.dumps({"name": "p", "run": {"created": 2.0}}))
+    (planted / "checkpoints").symlink_to(secret)
+    agent = agent_factory(root)
+
+    listed = agent.runs()
+    assert listed[run.name]["resume"] == {
+        "run_id": run.name,
+        "name": "checkpoints/step-00000020.pt",  # its sidecar not read: the trainer checks it
+        "step": 20,
+        "verified": False,
+        "skipped": [{"name": "checkpoints/step-00000030.pt", "why": "a symlink: refused"}],
+    }
+    (ckpts / "step-00000020.pt").unlink()  # the FIFO sidecar next: no blocking, no sidecar
+    assert agent.runs()[run.name]["resume"]["name"] == "checkpoints/step-00000010.pt"
+    resume = listed[planted.name]["resume"]
+    assert resume["name"] is None and len(resume["skipped"]) == 1
+    assert resume["skipped"][0]["why"] == (
+        f"{planted / 'checkpoints'} is a symlink to {secret}: refused, not followed"
+    )
+
+
 def test_fifos_never_block_the_agent(agent_factory, tmp_path):  # noqa: F811
     root = tmp_path / "runs"
     run = root / "20260101-000000-fifo-0000"

@@ -255,7 +255,8 @@ def test_the_tui_shows_hostile_strings_as_text(
     hostile: HostileRunRoot, tmp_path: Path, fake_gpu: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The app over a real link to the hostile run root (fake NVML for the GPU pane): the
-    main screen, the runs screen, the stacks screen and a toast, each rendered and read."""
+    main screen, the runs screen, the stacks screen, restart's choice and a toast, each
+    rendered and read."""
     from textual.widgets._toast import Toast
 
     from dflash_tui.app import DFlashApp
@@ -268,6 +269,11 @@ def test_the_tui_shows_hostile_strings_as_text(
     target = resolve_target(
         "local", run_root=str(hostile.root), remote_dir=str(tmp_path / "r"), python=sys.executable
     )
+    # The old run's checkpoints folder, planted: a symlink whose target is the attacks. Restart's
+    # choice quotes why it is refused.
+    checkpoints = hostile.root / OLD_RUN / "checkpoints"
+    shutil.rmtree(checkpoints)
+    checkpoints.symlink_to(ATTACKS)
     seen: dict[str, str] = {}
 
     async def wait_for(pilot: Any, what: str, ok: Any, timeout: float = 30) -> None:
@@ -310,6 +316,26 @@ def test_the_tui_shows_hostile_strings_as_text(
             await pilot.press("escape")
             await pilot.pause(0.2)
 
+            # Restart's choice for the old run (followed from the runs screen): why its
+            # checkpoints are refused quotes the symlink's target.
+            await pilot.press("l")
+            await pilot.pause(0.5)
+            await pilot.press("down", "enter")  # the newest first: the old run is second
+            await wait_for(
+                pilot,
+                "the old run's resume point",
+                lambda: (
+                    s.run_id == OLD_RUN
+                    and (run := s.current_run()) is not None
+                    and run.resume is not None
+                ),
+            )
+            await pilot.press("r")
+            await wait_for(pilot, "restart's choice", lambda: "Start fresh" in screen_text(app))
+            seen["restart"] = screen_text(app)
+            await pilot.press("escape")
+            await pilot.pause(0.2)
+
             # A toast, as an agent's error is shown (`{name}: {error}`).
             app.notify(f"toast {ATTACKS}", title=f"title {ATTACKS}", timeout=30)
             await pilot.pause(0.5)
@@ -328,6 +354,8 @@ def test_the_tui_shows_hostile_strings_as_text(
     assert r"A\x1b[2J" in seen["runs"] and LIVE_RUN in seen["runs"]
     assert "evil" not in seen["runs"]
     assert_shows_attacks(seen["stacks"], "stacks screen", SHOWN[:2])
+    assert "Resume: no good checkpoint (starts at step 0)" in seen["restart"]
+    assert r"is a symlink to A\x1b[2J B\x1b]0;title\x07" in seen["restart"].replace("\n", "")
     assert r"toast A\x1b[2J" in seen["toast"]  # on screen
     assert_shows_attacks(seen["toast widget"], "toast", [f"title {SHOWN[0]}", f"toast {SHOWN[0]}"])
     assert "[link=http://x]y[/link] [bold red]H[/]" in seen["toast widget"]  # not markup

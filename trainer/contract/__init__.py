@@ -10,6 +10,7 @@ describes the files and their versioning; each module here owns one part:
   records    launch.json, exit.json (and its one writer), metrics.jsonl rows, config.json
   steplines  the step line: formatter and parser side by side
   outcomes   finished / stopped / crashed / killed / died before start, settled once
+  checkpoints checkpoint sidecars, and the one rule for the newest good checkpoint
   comparable which earlier runs a run may be compared with
   environment the environment fingerprint and the fast-kernel preflight (config.json `run`)
   telemetry  telemetry.jsonl, the bounded heartbeat history

@@ -90,6 +90,37 @@ class ResumeChoice:
         return what + (f" ({skipped})" if skipped else "")
 
 
+@dataclasses.dataclass
+class Skipped:
+    name: str  # relative to the run dir
+    why: str
+
+
+@dataclasses.dataclass
+class ResumePoint:
+    """A `ResumeChoice` as a record that travels: in the runs list (`RunInfo.resume`: where a
+    restart of that run would continue) and in restart's answer (where it did). `run_id` is
+    the run whose checkpoint it is."""
+
+    run_id: str
+    name: str | None = None  # None: no good checkpoint, a restart starts at step 0
+    step: int | None = None
+    verified: bool = False
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def of(cls, run_id: str, choice: ResumeChoice) -> ResumePoint:
+        skipped = [Skipped(n, why) for n, why in choice.skipped]
+        return cls(run_id, choice.name, choice.step, choice.verified, skipped)
+
+    def choice(self) -> ResumeChoice:
+        skipped = tuple((s.name, s.why) for s in self.skipped)
+        return ResumeChoice(self.name, self.step, self.verified, skipped)
+
+    def describe(self) -> str:
+        return self.choice().describe()
+
+
 def choose_resume(candidates: dict[int, CheckpointMeta | Unreadable | None]) -> ResumeChoice:
     """{step: its sidecar (None: none)} -> the newest good checkpoint. A sidecar that cannot
     be read counts as no sidecar: the .pt itself is still checked when loaded."""

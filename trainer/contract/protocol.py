@@ -18,6 +18,7 @@ import dataclasses
 import json
 from typing import Any, TypeVar
 
+from trainer.contract.checkpoints import ResumePoint
 from trainer.contract.comparable import RunSignature
 from trainer.contract.environment import Environment, Preflight
 from trainer.contract.outcomes import Outcome
@@ -122,6 +123,9 @@ class RunInfo:
     unreadable: list[str] = dataclasses.field(default_factory=list)  # files that were not
     environment: Environment | None = None  # config.json run.environment (None: older run)
     preflight: Preflight | None = None  # config.json run.preflight
+    # Where a restart would continue: its newest good checkpoint (or, with none of its own, its
+    # parent's); None from an agent that did not read the checkpoints.
+    resume: ResumePoint | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
