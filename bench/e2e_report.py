@@ -100,9 +100,9 @@ def _run(run_dir: Path, settle_s: float) -> dict[str, Any]:
 
 
 def _kill_line(line: str) -> dict[str, Any]:
-    """'... in 9.8s; GPU memory released: 0.2s ...' -> the two figures."""
+    """'... resumable with restart; 9.8s; GPU memory released: 0.2s; ...' -> the figures."""
     out: dict[str, Any] = {"line": line}
-    if m := re.search(r" in ([\d.]+)s", line):
+    if m := re.search(r"; ([\d.]+)s; GPU", line):
         out["stop_s"] = float(m.group(1))
     if m := re.search(r"released: ([\d.]+)s", line):
         out["drain_s"] = float(m.group(1))
