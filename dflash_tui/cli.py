@@ -39,7 +39,8 @@ SUBCOMMANDS = {
     "runs": "list runs under the run root and how each ended",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
     "clear-cache": "delete the compile cache (refused while a run is alive)",
-    "pull-cache": "copy the compile-cache artifacts the host's GPU runs saved, for deploy to ship",
+    "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
+    "the host's GPU runs saved, for deploy to ship",
 }
 
 
