@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui import compile_progress
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
@@ -41,7 +42,10 @@ class HeartbeatPane(Static):
         phase, age = s.phase()
         progress = hb.phase_progress
         what = safe.text(f"{phase} for {duration(age)}", "bold")
-        if progress is not None and progress.total:
+        compiling = compile_progress.detail(hb, s.remote_now())
+        if compiling is not None:  # the graph under way is the host's label
+            what.append(safe.text(f" ({compiling})"))
+        elif progress is not None and progress.total:
             what.append(safe.text(f"  ({progress.unit} {progress.done}/{progress.total})"))
         t.add_row("phase", what)
         expectation = phase_expectation(s)
