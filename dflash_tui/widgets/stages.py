@@ -202,6 +202,9 @@ class StagePane(Static):
         rows, lines = self._rows, self._line_budget()
         if lines is not None and len(rows) > lines:
             rows = by_role(rows)  # too short for a row per thread: a row per role
+            if len(rows) > lines:  # or for that: the thread the others wait for
+                top = busiest(self._rows)
+                rows = [top] if top is not None else rows[:lines]
         legend = lines is None or len(rows) < lines
         self.update(render_rows(rows, width, legend))
 

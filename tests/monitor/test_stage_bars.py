@@ -136,6 +136,12 @@ def test_a_short_pane_shows_a_row_per_role() -> None:
     assert "474 ms  forward 77% · wait q_hs 21%" in lines[1]
 
 
+def test_a_pane_too_short_for_the_roles_shows_the_busiest_thread() -> None:
+    """80x30 leaves the stage box one line: the thread the others wait for."""
+    (lines,) = run((80, 30), recorded("training-cpu.json"))["stages"]
+    assert len(lines) == 1 and re.match(r"drafter-0 █+  452 ms  backward 49%$", lines[0]), lines
+
+
 def test_without_stage_times_it_says_why_and_updates_with_each_heartbeat() -> None:
     """The same run compiling (no loop yet), then training; and a trainer from before stage
     timing (the H200 fixture, step 366)."""
