@@ -101,7 +101,8 @@ def thread_stages(hb: Heartbeat, t: ThreadInfo) -> ThreadStages | None:
         for name, ms in ordered_stages(t.role, t.stages_ms)
         if _usable(ms)
     ]
-    if not kept or sum(st.ms for st in kept) <= 0:
+    total = sum(st.ms for st in kept)
+    if not kept or not math.isfinite(total) or total <= 0:  # (two 1e308s make an inf)
         return None
     return ThreadStages(t.name, t.role, t.device, tuple(kept), t.state, hb.in_state_s(t))
 

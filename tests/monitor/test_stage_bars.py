@@ -15,6 +15,7 @@ from monitor_helpers import typed_event
 from rich.text import Text
 
 from dflash_tui.app import DFlashApp
+from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.stages import StagePane
@@ -160,6 +161,28 @@ def test_a_thread_in_one_state_for_long_says_so_instead_of_old_medians() -> None
     (lines,) = run((160, 60), hb)["stages"]
     assert lines[5].endswith("474 ms  'waiting: q_hs empty' for 40s now"), lines[5]
     assert "for 40s" not in lines[4]
+
+
+def test_stage_times_that_are_no_times_are_left_out() -> None:
+    """The heartbeat comes from the host: NaN, negative and overflowing figures draw nothing
+    odd, and the rules still run (a rule that raises says `rule_error`)."""
+    from dflash_tui.diagnosis import diagnose
+
+    hb = recorded("training-cpu.json")
+    for t in hb["threads"]:
+        if t["name"] == "target-0":
+            t["stages_ms"] = {"forward": float("nan"), "mask": -3.0, "wait q_hs": 12.0}
+        if t["name"] == "target-1":
+            t["stages_ms"] = {"forward": 1e308, "mask": 1e308}  # adds up to inf: no row
+    seen = run((160, 60), hb)
+    (lines,) = seen["stages"]
+    names = [ln.split()[0] for ln in lines[:-1]]
+    assert names == [n for n in PIPELINE if n != "target-1"]
+    assert lines[2].startswith("target-0") and lines[2].endswith("12 ms  wait q_hs 100%")
+    s = Store("local", clock=lambda: hb["now"])
+    for e in events(hb):
+        s.apply(e)
+    assert "rule_error" not in [f.code for f in diagnose(s, hb["now"])]
 
 
 # -- compile progress --------------------------------------------------------------------------
