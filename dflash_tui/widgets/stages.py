@@ -181,6 +181,8 @@ class StagePane(Static):
         self._rows: list[ThreadStages] = []
         self._note: Text = Text("no heartbeat yet", style="dim")
         self._drawn_width = -1
+        self._drawn: tuple[object, ...] | None = None
+        self._drawn_height = -1
 
     def update_from(self, s: Store) -> None:
         hb = s.heartbeat
@@ -196,17 +198,24 @@ class StagePane(Static):
     def _draw(self) -> None:
         width = self.size.width or DEFAULT_WIDTH
         self._drawn_width = width
+        lines = self._line_budget()
+        key = (tuple(self._rows), self._note.plain, width, lines)
+        if key == self._drawn:
+            return  # the same picture: no refresh, no layout (the app redraws every 0.25 s)
+        self._drawn = key
         if not self._rows:
-            self.update(self._note)
-            return
-        rows, lines = self._rows, self._line_budget()
-        if lines is not None and len(rows) > lines:
-            rows = by_role(rows)  # too short for a row per thread: a row per role
-            if len(rows) > lines:  # or for that: the thread the others wait for
-                top = busiest(self._rows)
-                rows = [top] if top is not None else rows[:lines]
-        legend = lines is None or len(rows) < lines
-        self.update(render_rows(rows, width, legend))
+            content = self._note
+        else:
+            rows = self._rows
+            if lines is not None and len(rows) > lines:
+                rows = by_role(rows)  # too short for a row per thread: a row per role
+                if len(rows) > lines:  # or for that: the thread the others wait for
+                    top = busiest(self._rows)
+                    rows = [top] if top is not None else rows[:lines]
+            content = render_rows(rows, width, lines is None or len(rows) < lines)
+        height = content.plain.count("\n") + 1
+        self.update(content, layout=height != self._drawn_height)  # layout: a new height
+        self._drawn_height = height
 
     def _line_budget(self) -> int | None:
         """The lines this pane may fill: its box's max-height (app.tcss, a share of the
