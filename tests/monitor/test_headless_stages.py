@@ -89,7 +89,8 @@ def test_status_says_the_graphs_while_compiling(tmp_path):
     assert r.returncode == 0, r.stderr
     run_dir = Path(r.stdout.split(" in ")[1].split()[0])
     try:
-        heartbeat(run_dir, lambda hb: hb["phase"] == "compiling", "the compiling phase")
+        # The heartbeat written at the phase change comes before the count is set up.
+        heartbeat(run_dir, lambda hb: hb["phase"] == "compiling" and hb["phase_progress"], "graphs")
         line = cli("status", *where).stdout.splitlines()[0]
         assert re.match(r"\d\d:\d\d:\d\d compiling \d+s graphs 0 \| step 0 \|", line), line
         state = json.loads(cli("status", *where, "--json").stdout.splitlines()[0])["state"]
