@@ -45,6 +45,7 @@ from dflash_tui.widgets.screens import (
     RunsScreen,
     TextScreen,
 )
+from dflash_tui.widgets.stages import StagePane
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Progress
 
@@ -136,9 +137,14 @@ class DFlashApp(App[int]):
                 yield Static("Heartbeat", classes="box-title")
                 yield HeartbeatPane(id="heartbeat")
         with Horizontal(id="middle"):
-            with Vertical(id="log-box", classes="box"):
-                yield Static("Step log", classes="box-title", id="log-title")
-                yield StepLog(id="steplog")
+            with Vertical(id="main-col"):
+                # Next to the queues, and as wide as the step log: a bar per thread.
+                with Vertical(id="stages-box", classes="box"):
+                    yield Static("Stages · median ms per loop", classes="box-title")
+                    yield StagePane(id="stages")
+                with Vertical(id="log-box", classes="box"):
+                    yield Static("Step log", classes="box-title", id="log-title")
+                    yield StepLog(id="steplog")
             with Vertical(id="side"):
                 with Vertical(id="queues-box", classes="box"):
                     yield Static("Queues", classes="box-title")
@@ -184,6 +190,7 @@ class DFlashApp(App[int]):
         self.query_one(GpuPane).update_from(s)
         self.query_one(HeartbeatPane).update_from(s)
         self.query_one(QueuePane).update_from(s)
+        self.query_one(StagePane).update_from(s)
         self.query_one(StepLog).update_from(s)
         self.query_one(AlertsPane).update_findings(diagnose(s, self.clock(), self.diagnosis))
         self.query_one(Plots).update_from(s)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from dflash_tui import compile_progress
 from dflash_tui.facts import (
     expected_memory,
     faster_environment,
@@ -27,10 +28,14 @@ from dflash_tui.facts import (
     phase_expectation,
 )
 from dflash_tui.fmt import duration, rate
+from dflash_tui.stages import ThreadStages, busiest, ms_text, of_heartbeat, of_role, thread_stages
 from dflash_tui.state import Store
 from trainer.contract.environment import INSTALL, Preflight
 from trainer.contract.heartbeat import (
     SAVING_CHECKPOINT,
+    STAGE_HOST,
+    STAGE_WAIT_HS,
+    STAGE_WAIT_PRE,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
@@ -93,6 +98,14 @@ class DiagnosisConfig:
     backed_up_frac: float = 0.5
     starved_s: float = 30.0  # no GPU: threads waiting on a queue this long are idle
     stuck_s: float = 60.0  # no GPU: a target busy in one state this long with a full q_pre
+    # Stage times (ThreadInfo.stages_ms), where the heartbeat has them: a role whose threads
+    # wait this share of their loop on one queue (or, on a GPU, on the host) is starved;
+    # with GPUs of its own, that share of the time they sit idle.
+    stage_wait_frac: float = 0.4
+    # … and without GPUs, a target busy in one state for this many of its loops (at least
+    # stuck_min_s) with a full q_pre is stuck (stuck_s without stage times).
+    stuck_loops: float = 20.0
+    stuck_min_s: float = 30.0
     # memory
     role_memory_frac: float = 0.9  # a GPU holding less than this × its role's usual peak
     held_min_bytes: int = GIB  # memory left on a GPU after the run ended worth naming
@@ -281,6 +294,123 @@ def _idle(
         ", ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
         + f" for {_dur(waited)}+"
     )
+
+
+# -- stage times -----------------------------------------------------------------------------
+VERDICTS = {  # the bottleneck findings: (title, action), from queues or stage times alike
+    "prefetch_bottleneck": (
+        "data prefetch is the bottleneck",
+        "add prefetch threads or make batch building cheaper (tokenise ahead)",
+    ),
+    "targets_bottleneck": (
+        "targets are the bottleneck",
+        "give the targets more GPUs or the drafters fewer; check the target threads",
+    ),
+    "drafters_bottleneck": (
+        "drafters are the bottleneck",
+        "add drafter replicas or give the drafters less work per batch",
+    ),
+}
+# What each wait stage is a wait for, in evidence.
+WAITED_ON = {STAGE_WAIT_PRE: "q_pre", STAGE_WAIT_HS: "q_hs", STAGE_HOST: "the host (Python)"}
+
+
+def _mean_share(rows: list[ThreadStages], stage: str) -> float:
+    return statistics.fmean(r.share(stage) for r in rows) if rows else 0.0
+
+
+def _own_gpus(hb: Heartbeat, role: str) -> bool:
+    """Every thread of `role` drives a GPU that no thread of the other model runs on: its
+    stream's idle time is the GPU's (a shared GPU stays busy with the other stream)."""
+    other = {"target": "drafter", "drafter": "target"}[role]
+    mine = {t.device for t in hb.threads_of(role)}
+    theirs = {t.device for t in hb.threads_of(other)}
+    return bool(mine) and all(d.startswith("cuda") for d in mine) and not mine & theirs
+
+
+def _waits_text(rows: list[ThreadStages], stage: str) -> str:
+    """`drafter-0 waits 58% of its 266 ms step on q_hs (drafter-1 51%)`: the worst first."""
+    worst = sorted(rows, key=lambda r: -r.share(stage))
+    first = worst[0]
+    text = (
+        f"{first.name} waits {first.share(stage):.0%} of its {ms_text(first.period_ms)} "
+        f"{first.loop} on {WAITED_ON.get(stage, stage)}"
+    )
+    others = ", ".join(f"{r.name} {r.share(stage):.0%}" for r in worst[1:4])
+    return text + (f" ({others}{', …' if len(worst) > 4 else ''})" if others else "")
+
+
+def _works_text(rows: list[ThreadStages]) -> str:
+    """`target-0's forward takes 251 ms of its 262 ms loop`: the busiest thread of a role."""
+    b = busiest(rows)
+    top = b.top_work() if b else None
+    if b is None or top is None:
+        return ""
+    return f"{b.name}'s {top.name} takes {ms_text(top.ms)} of its {ms_text(b.period_ms)} {b.loop}"
+
+
+def _stage_evidence(rows: list[ThreadStages], role: str, stage: str, upstream: str) -> str:
+    """Both sides of a queue in stage times: the starved role's wait, the busy role's work."""
+    starved = _waits_text(of_role(rows, role), stage) if of_role(rows, role) else ""
+    busy = _works_text(of_role(rows, upstream))
+    return "; ".join(x for x in (starved, busy) if x)
+
+
+def _stage_bottleneck(
+    s: Store, hb: Heartbeat, q: _Queues, now: float, cfg: DiagnosisConfig
+) -> tuple[str, str, str, str] | None:
+    """The bottleneck from stage times: the role whose threads wait a large share of their
+    loop on a queue is starved by the one upstream of that queue, whose work fills its loop.
+    Said only when the starved role really idles: on GPUs of its own the wait is GPU idle
+    time; sharing a device (or on the CPU) only threads blocked for long count (`_idle`).
+    None when the heartbeat has no stage times, or they are of loops before a thread's
+    current state (it has been in it for many loops)."""
+    rows = of_heartbeat(hb)
+    if not rows or any(r.stale() for r in rows):
+        return None
+    frac = cfg.stage_wait_frac
+    cases = (
+        # (starved role, its wait stage, its blocked state, upstream role, verdict)
+        ("target", STAGE_WAIT_PRE, WAIT_PRE_EMPTY, "prefetch", "prefetch_bottleneck"),
+        ("drafter", STAGE_WAIT_HS, WAIT_HS_EMPTY, "target", "targets_bottleneck"),
+        ("target", STAGE_WAIT_HS, WAIT_HS_FULL, "drafter", "drafters_bottleneck"),
+    )
+    for role, stage, blocked, upstream, code in cases:
+        if _mean_share(of_role(rows, role), stage) < frac:
+            continue
+        if _own_gpus(hb, role):
+            idle = _idle_gpus(s, role, now, cfg)  # "" where NVML gave no utilisation
+        else:
+            found = _idle(s, hb, role, blocked, now, cfg)
+            if found is None:
+                return None  # its device is busy with the other threads' work
+            idle = found
+        title, action = VERDICTS[code]
+        evidence = _stage_evidence(rows, role, stage, upstream)
+        evidence += f"; {q.text(0 if stage == STAGE_WAIT_PRE else 1)}"
+        return code, title, evidence + (f"; {idle}" if idle else ""), action
+    # No queue waits: a GPU of its own idle between kernels is waiting for Python.
+    for role in ("drafter", "target"):
+        mine = of_role(rows, role)
+        if _own_gpus(hb, role) and _mean_share(mine, STAGE_HOST) >= frac:
+            idle = _idle_gpus(s, role, now, cfg)
+            return (
+                "host_bottleneck",
+                f"{role}s' GPUs wait for Python",
+                _waits_text(mine, STAGE_HOST)
+                + "; its stream idles between the kernels its Python thread launches"
+                + (f"; {idle}" if idle else ""),
+                "fewer, larger kernels: compile the drafter (train.compile_drafter), a larger "
+                "batch; check GIL pressure and the threads' CPU",
+            )
+    return None
+
+
+def _idle_gpus(s: Store, role: str, now: float, cfg: DiagnosisConfig) -> str:
+    """`drafter GPUs 5 41%, 6 40%`: the role's GPUs' mean utilisation, where sampled."""
+    utils = {i: _util(s, i, now, cfg) for i in _role_gpus(s, role, exclusive=True)}
+    known = {i: u for i, u in utils.items() if u is not None}
+    return f"{role} GPUs " + ", ".join(f"{i} {u:.0f}%" for i, u in known.items()) if known else ""
 
 
 # -- rules: the run's life ------------------------------------------------------------------
@@ -534,7 +664,8 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
 @rule
 def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """A target with a full q_pre that does not work: its thread in one state all along while
-    its GPU sat idle over the same window (or, without GPUs, in one busy state for minutes).
+    its GPU sat idle over the same window (or, without GPUs, in one busy state for a minute;
+    with stage times, for `stuck_loops` of its loops, at least `stuck_min_s`).
     It has input and room for output (unless it waits on a full q_hs: then the drafters are
     slow, not it), so its thread is stuck. A small model keeps its GPU near idle while its
     thread cycles through its states every few milliseconds: that is not stuck."""
@@ -552,11 +683,20 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         th = by_name.get(f"target-{i}") or (threads[i] if i < len(threads) else None)
         if th is not None and th.state == WAIT_HS_FULL:
             continue
+        row = thread_stages(hb, th) if th is not None else None
         if th is None:
             name, doing, gpu = f"target {i}", "no thread info", None
         else:
             name, doing = th.name, f"'{th.state}' for {_dur(hb.in_state_s(th))}"
             gpu = s.thread_gpu(th)
+        top = row.top_work() if row else None
+        if row is not None and top is not None:
+            # What its loop took before: the same state for many of them is no slow loop.
+            doing += f", its loop {ms_text(row.period_ms)} ({top.name} {ms_text(top.ms)})"
+        # Without GPUs: busy for many of its loops when its stage times say how long one is.
+        busy_s = cfg.stuck_s
+        if row is not None:
+            busy_s = max(cfg.stuck_loops * row.period_ms / 1e3, cfg.stuck_min_s)
         if gpu is not None:
             util = _util(s, gpu, now, cfg)
             if util is None or util > cfg.idle_util_pct:
@@ -564,7 +704,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             if th is not None and hb.in_state_s(th) < cfg.util_window_s:
                 continue
             stuck.append((i, f"{name} on GPU {gpu} at {util:.0f}%, {doing}"))
-        elif th and not th.state.startswith("waiting") and hb.in_state_s(th) >= cfg.stuck_s:
+        elif th and not th.state.startswith("waiting") and hb.in_state_s(th) >= busy_s:
             stuck.append((i, f"{name} {doing}"))
     if not stuck:
         return []
@@ -585,11 +725,15 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
 def pipeline_bottleneck(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
-    """Which stage starves the others, from the queues between them, said only when the
-    starved side really sits idle (GPU utilisation, or threads blocked for long without GPUs):
+    """Which stage starves the others, said only when the starved side really sits idle:
     some stage always limits a pipeline, and only idle hardware makes that worth a warning.
-    q_pre empty -> data prefetch; q_hs empty with idle drafters -> the targets; q_hs and q_pre
-    backed up with idle targets -> the drafters."""
+    From stage times where the heartbeat has them (targets waiting on q_pre -> data
+    prefetch; drafters waiting on q_hs -> the targets; targets waiting on a full q_hs -> the
+    drafters; a GPU stream of its own waiting on the host -> Python), idle being that wait on
+    GPUs of their own; else from the queues between them (q_pre empty -> data prefetch;
+    q_hs empty with idle drafters -> the targets; q_hs and q_pre backed up with idle targets
+    -> the drafters), idle being GPU utilisation. Without GPUs of its own, idle is threads
+    blocked for long."""
     hb = _live(s, now, cfg, TRAINING)
     q = _queues(s, hb, now, cfg) if hb else None
     verdict = _bottleneck(s, hb, q, now, cfg) if hb and q else None
@@ -599,10 +743,37 @@ def pipeline_bottleneck(
     return [Finding("warning", code, title, evidence, action)]
 
 
+# Which queue each verdict is about, in stage times: (starved role, its wait, upstream).
+STAGE_SIDES = {
+    "prefetch_bottleneck": ("target", STAGE_WAIT_PRE, "prefetch"),
+    "targets_bottleneck": ("drafter", STAGE_WAIT_HS, "target"),
+    "drafters_bottleneck": ("target", STAGE_WAIT_HS, "drafter"),
+}
+
+
 def _bottleneck(
     s: Store, hb: Heartbeat, q: _Queues, now: float, cfg: DiagnosisConfig
 ) -> tuple[str, str, str, str] | None:
-    """(code, title, evidence, action) of the stage that starves an idle one, or None."""
+    """(code, title, evidence, action) of the stage that starves an idle one, or None. From
+    the stage times where the heartbeat has them; else (an older trainer, or loops that
+    have not ended for long: a stall) from the queue depths and the threads' states, the
+    stage times of the threads still looping added to the evidence."""
+    verdict = _stage_bottleneck(s, hb, q, now, cfg)
+    if verdict is not None:
+        return verdict
+    verdict = _queue_bottleneck(s, hb, q, now, cfg)
+    fresh = [r for r in of_heartbeat(hb) if not r.stale()]
+    if verdict is None or not fresh:
+        return verdict
+    code, title, evidence, action = verdict
+    extra = _stage_evidence(fresh, *STAGE_SIDES[code])
+    return code, title, evidence + (f"; stage times: {extra}" if extra else ""), action
+
+
+def _queue_bottleneck(
+    s: Store, hb: Heartbeat, q: _Queues, now: float, cfg: DiagnosisConfig
+) -> tuple[str, str, str, str] | None:
+    """The verdict from the queues between the stages: the inference before stage times."""
     pre_empty, hs_empty = q.every(0, _empty(cfg)), q.every(1, _empty(cfg))
     if pre_empty:
         # No input for the targets: whoever idles downstream, prefetch is the cause.
@@ -614,22 +785,16 @@ def _bottleneck(
             f"; {t.name} '{t.state}' {t.cpu_pct:.0f}% CPU" for t in hb.threads_of("prefetch")
         )
         idle = "; ".join(x for x in (targets, drafters) if x)
-        return (
-            "prefetch_bottleneck",
-            "data prefetch is the bottleneck",
-            f"{q.text(0)} ({q.span()}); {idle}{prefetch}",
-            "add prefetch threads or make batch building cheaper (tokenise ahead)",
-        )
+        title, action = VERDICTS["prefetch_bottleneck"]
+        evidence = f"{q.text(0)} ({q.span()}); {idle}{prefetch}"
+        return "prefetch_bottleneck", title, evidence, action
     if hs_empty:
         drafters = _idle(s, hb, "drafter", WAIT_HS_EMPTY, now, cfg)
         if not drafters:
             return None
-        return (
-            "targets_bottleneck",
-            "targets are the bottleneck",
-            f"{drafters}; {q.text(1)} ({q.span()}); {q.text(0)}",
-            "give the targets more GPUs or the drafters fewer; check the target threads",
-        )
+        title, action = VERDICTS["targets_bottleneck"]
+        evidence = f"{drafters}; {q.text(1)} ({q.span()}); {q.text(0)}"
+        return "targets_bottleneck", title, evidence, action
 
     # Drafters too slow: the targets block on q_hs, so q_pre behind them backs up as well.
     def backed_up(depth: int, cap: int) -> bool:
@@ -642,12 +807,8 @@ def _bottleneck(
     )
     if not targets:
         return None
-    return (
-        "drafters_bottleneck",
-        "drafters are the bottleneck",
-        f"{targets}; {q.text(1)} ({q.span()})",
-        "add drafter replicas or give the drafters less work per batch",
-    )
+    title, action = VERDICTS["drafters_bottleneck"]
+    return "drafters_bottleneck", title, f"{targets}; {q.text(1)} ({q.span()})", action
 
 
 @rule
@@ -757,6 +918,8 @@ def slow_phase(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     overlaps compiling, so this run's load so far against earlier runs' whole loads."""
     hb = _live(s, now, cfg, LOADING_DATA, LOADING_TARGET, COMPILING)
     got = phase_comparison(s, now) if hb else None
+    if hb is not None and got is None:
+        return _slower_compile(s, hb, now, cfg)
     if hb is None or got is None or got.key not in SLOW_VISITS or got.so_far is None:
         return []
     elapsed, past = got.so_far, got.earlier
@@ -769,16 +932,47 @@ def slow_phase(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     if got.key == TARGET_WAIT:
         evidence = f"the whole load: {evidence}"
     progress = hb.phase_progress
-    if progress is not None and progress.total:
+    compiling = compile_progress.detail(hb, s.remote_now(now)) if got.key == COMPILING else None
+    if compiling:  # graphs done of expected, the one under way, the cache's last time
+        evidence += f"; {compiling}"
+    elif progress is not None and progress.total:
         evidence += f"; {progress.done}/{progress.total} {progress.unit}"
-    action = (
-        f"check the compile cache ({hb.compile.cache_dir or 'cache_dir'}) was kept: code or "
-        "shape changes recompile everything; dump stacks (d) if it looks stuck"
-        if got.key == COMPILING
-        else "check the disk or network the files come from; dump stacks (d) to see where it is"
-    )
     slower = "longer" if got.key == TARGET_WAIT else "slower"
-    return [Finding("warning", "slow_phase", f"{got.doing} {slower} than usual", evidence, action)]
+    title = f"{got.doing} {slower} than usual"
+    return [Finding("warning", "slow_phase", title, evidence, _slow_action(hb, got.key))]
+
+
+def _slow_action(hb: Heartbeat, key: str) -> str:
+    if key == COMPILING:
+        return (
+            f"check the compile cache ({hb.compile.cache_dir or 'cache_dir'}) was kept: code "
+            "or shape changes recompile everything; dump stacks (d) if it looks stuck"
+        )
+    return "check the disk or network the files come from; dump stacks (d) to see where it is"
+
+
+def _slower_compile(s: Store, hb: Heartbeat, now: float, cfg: DiagnosisConfig) -> list[Finding]:
+    """No earlier comparable run in the runs list (another run root, or they were deleted),
+    but the compile cache remembers what the same graphs took (trainer/compile_watch.py):
+    compiling against that, with the same factor and margin."""
+    last = hb.compile.last_s
+    if not compile_progress.reported(hb) or last is None or not hb.phase_started_at:
+        return []
+    elapsed = s.remote_now(now) - hb.phase_started_at
+    if elapsed <= cfg.slow_phase_factor * last or elapsed - last <= cfg.slow_phase_margin_s:
+        return []
+    evidence = f"{_dur(elapsed)} so far; the compile cache's history: " + (
+        compile_progress.detail(hb, s.remote_now(now)) or ""
+    )
+    return [
+        Finding(
+            "warning",
+            "slow_phase",
+            "compiling slower than last time",
+            evidence,
+            _slow_action(hb, COMPILING),
+        )
+    ]
 
 
 @rule

@@ -4,7 +4,12 @@ Lines mode (default): one status line per interval, at most 120 columns, plus ev
 step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
 
     08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | q_pre 50/16/2 q_hs 60 | \
-T95▇ D45▁ | hb 0.4s | ! drafters idle
+T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
+
+The busiest pipeline thread's largest stage (dflash_tui/stages.py) comes after the
+heartbeat's age, as long as the line has room for it and the first finding's title
+(`target-0 forward 96% of 262ms`, `T0 forward 96%`, `T0 forward`, or nothing); while
+compiling, the phase says the graphs done (`compiling 41s graphs 3/6`).
 
 Every string from the training host (step lines, phases, errors, findings that quote them)
 is printed with its control characters made visible (dflash_tui/sanitize.py); `--json` prints
@@ -21,7 +26,14 @@ An agent event is as the agent sent it (trainer/contract/protocol.py), with ever
 record; a link event is {type: "link", t, state, detail, target, attempt, retry_in, version}
 or {type: "rtt", t, rtt_ms}; a line that was no event is {type: "unreadable", what, why}.
 Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase, phase_s,
-    step, tok_s, loss, queues, heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
+    step, tok_s, loss, queues, phase_progress: {done, total, unit} | null,
+    compile: the heartbeat's CompileInfo (while compiling: current, current_since, done,
+    expected, last_s, last_cache) | null,
+    stages: [{thread, role, device, period_ms, stages: [{stage, ms, share, wait}]}] (each
+    pipeline thread with stage times, its stages in loop order; [] without),
+    busiest: {thread, stage, ms, share, period_ms, work_share} | null (the thread the others
+    wait for, and its largest work stage),
+    heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
     gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
 """
@@ -32,13 +44,14 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
 from dataclasses import asdict
 from typing import TextIO
 
-from dflash_tui import sanitize
+from dflash_tui import compile_progress, sanitize, stages
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -91,9 +104,11 @@ def status_line(
         return text[:width]
     phase, in_phase = s.shown_phase()
     hb = s.heartbeat
+    graphs = compile_progress.short(hb)
     fields = [
         f"{clock} {phase or 'no run'}"
         + (f" {duration(in_phase)}" if phase and in_phase is not None else "")
+        + (f" {graphs}" if graphs else "")
     ]
     if s.link.state != "connected":
         fields[0] += f" [{s.link.state}]"
@@ -114,12 +129,36 @@ def status_line(
     if age is not None:
         fields.append(f"hb {age:.1f}s")
     text = sanitize.field(" | ".join(fields))
+    title = sanitize.field(findings[0].title) if findings else ""
+    # The finding first: the stage only where the title (or 40 columns of it) still fits.
+    room = width - len(text) - 3 - (min(len(title), 40) + 5 if title else 0)
+    busy = next((b for b in busiest_stage(s) if len(b) <= room), None)
+    if busy:
+        text += " | " + busy
     if findings:
         room = width - len(text) - 5
-        title = sanitize.field(findings[0].title)
         if room >= 8:
             text += " | ! " + (title if len(title) <= room else title[: room - 1] + "…")
     return text[:width]
+
+
+def busiest_stage(s: Store) -> list[str]:
+    """The busiest pipeline thread's largest work stage, longest form first: `target-0
+    forward 96% of 262ms`, `T0 forward 96%`, `T0 forward`; [] without stage times. Made
+    visible: the names are the host's."""
+    b = stages.busiest(stages.of_heartbeat(s.heartbeat))
+    top = b.top_work() if b else None
+    if b is None or top is None:
+        return []
+    name = sanitize.field(b.name)
+    name = name if len(name) <= 14 else name[:13] + "…"
+    stage = sanitize.field(top.name)
+    stage = stage if len(stage) <= 14 else stage[:13] + "…"
+    m = re.fullmatch(r"[a-z]+-(\d+)", b.name)
+    short = ROLE_LETTER.get(b.role, "?") + m.group(1) if m else name
+    share = f"{top.ms / b.period_ms:.0%}"
+    period = stages.ms_text(b.period_ms, space=False)
+    return [f"{name} {stage} {share} of {period}", f"{short} {stage} {share}", f"{short} {stage}"]
 
 
 def exit_code_for(s: Store, findings: list[Finding]) -> int:

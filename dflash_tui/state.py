@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dflash_tui import stages
 from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
 from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, upgrade_note
 from trainer.contract.outcomes import RUNNING, UNKNOWN, Outcome, outcome_of
@@ -357,6 +358,7 @@ class Store:
         hb = self.heartbeat
         roles = self.gpu_roles()
         outcome = self.outcome()
+        rows = stages.of_heartbeat(hb)
         return {
             "target": self.target,
             "link": {
@@ -372,6 +374,10 @@ class Store:
             "tok_s": hb.tok_s if hb else None,
             "loss": self.last_loss(),
             "queues": encode(hb.queues) if hb else None,
+            "phase_progress": encode(hb.phase_progress) if hb else None,
+            "compile": encode(hb.compile) if hb else None,
+            "stages": stages.to_json(rows),
+            "busiest": stages.busiest_json(rows),
             "heartbeat_age_s": self.heartbeat_age(now),
             "heartbeat_error": self.heartbeat_error,
             "heartbeat_note": self.heartbeat_note(),

@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui import compile_progress
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
@@ -45,7 +46,10 @@ class HeartbeatPane(Static):
         if outcome is not None and outcome.word != phase:
             # A SIGKILLed run's last heartbeat still says `training`: say how it ended.
             what = safe.text(f"{outcome.word} (its last heartbeat said {phase})", "bold")
-        if progress is not None and progress.total:
+        compiling = compile_progress.detail(hb, s.remote_now())
+        if compiling is not None:  # the graph under way is the host's label
+            what.append(safe.text(f" ({compiling})"))
+        elif progress is not None and progress.total:
             what.append(safe.text(f"  ({progress.unit} {progress.done}/{progress.total})"))
         t.add_row("phase", what)
         expectation = phase_expectation(s)

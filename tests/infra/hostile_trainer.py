@@ -1,5 +1,6 @@
 """A live process that writes a hostile run dir: a heartbeat whose strings (error, thread
-names, states and roles, a GPU name) are the text in argv[2], refreshed every 0.5 s,
+names, states and roles, stage names, a GPU name) are the text in argv[2], refreshed every
+0.5 s,
 and the trainer's own SIGUSR1 stack dump (trainer/signals.py) with a thread of that name.
 
     python tests/infra/hostile_trainer.py RUN_DIR TEXT_FILE HEARTBEAT_SEED
@@ -60,12 +61,22 @@ def main() -> None:
                 "state": f"forward {text}",
                 "since": started - 3600,
                 "cpu_pct": 0.0,
-            }
+            },
+            {  # a thread that loops, its stages named by the host too
+                "name": f"target-0 {text}",
+                "role": "target",
+                "device": "cuda:0",
+                "state": "forward",
+                "since": started,
+                "cpu_pct": 0.0,
+                "stages_ms": {f"forward {text}": 200.0, "wait q_hs": 50.0},
+            },
         ],
     )
     tmp = run_dir / ".heartbeat.json.tmp"
     while not stop.is_set():
         hb["now"] = time.time()
+        hb["threads"][1]["since"] = hb["now"] - 0.1  # it keeps looping
         tmp.write_text(json.dumps(hb))
         os.replace(tmp, run_dir / "heartbeat.json")
         stop.wait(0.5)

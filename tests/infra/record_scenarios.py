@@ -112,6 +112,13 @@ SCENARIOS = [
         [HISTORY, Run(until=_step(60))],
     ),
     Scenario(
+        "stage_times",
+        "The demo config training normally, from a trainer that times each pipeline "
+        "thread's stages (ThreadInfo.stages_ms in the heartbeat, stages_ms in metrics.jsonl): "
+        "2 target threads, 2 drafter replicas, 2 prefetch threads, all on one device.",
+        [HISTORY, Run(until=_step(60))],
+    ),
+    Scenario(
         "fingerprinted",
         "The demo config trained twice, the second run followed at step 30: each run's "
         "config.json carries its environment fingerprint and fast-kernel preflight (run."

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def until(pilot, ok, timeout: float = 5.0) -> None:
+    """The panes redraw on a 0.25 s timer, and one redraw with its render takes ~250 ms at
+    160x48 on two shared cores (the plots a third of it): wait for what is read, not a
+    fixed time."""
+    deadline = time.monotonic() + timeout
+    while not ok() and time.monotonic() < deadline:
+        await pilot.pause(0.1)
+
+
 def test_every_pane_updates_from_the_event_stream():
     async def go():
         app = scripted_app()
@@ -61,11 +71,11 @@ def test_every_pane_updates_from_the_event_stream():
             half = len(events) // 2
             for e in events[:half]:
                 app.feed(typed_event(e))
-            await pilot.pause(0.4)
+            await until(pilot, lambda: "connected" in plain(app.query_one(StatusBar)))
             assert "connected" in plain(app.query_one(StatusBar))
             for e in events[half:]:
                 app.feed(typed_event(e))
-            await pilot.pause(0.4)
+            await until(pilot, lambda: "training" in plain(app.query_one(StatusBar)))
             status = plain(app.query_one(StatusBar))
             assert RUN in status and "training  7h49m" in status and "12ms" in status
             gpus = plain(app.query_one(GpuPane))
@@ -83,7 +93,7 @@ def test_every_pane_updates_from_the_event_stream():
 
             for e in alert_state()[len(events) :]:
                 app.feed(typed_event(e))
-            await pilot.pause(0.4)
+            await until(pilot, lambda: "critical" in plain(app.query_one(AlertsPane)))
             alerts = plain(app.query_one(AlertsPane))
             assert "critical" in alerts and "illegal memory access" in alerts
             assert "crashed" in plain(app.query_one(StatusBar))

@@ -14,6 +14,7 @@ from test_diagnosis import NOW, SCENARIOS, codes, events, run, store
 
 from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose
 from dflash_tui.facts import phase_expectation
+from dflash_tui.stages import busiest, of_heartbeat
 from trainer.contract.heartbeat import Heartbeat
 from trainer.contract.phases import LOADING_TARGET, TARGET_WAIT, phase_spans
 from trainer.contract.typed import decode
@@ -27,7 +28,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 17
+    assert len(names) == 18
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -39,6 +40,25 @@ def test_healthy():
     s = store(events(rec("healthy")))
     assert s.heartbeat is not None and s.heartbeat.phase == "training"
     assert s.outcome() is None and len(s.metrics) >= 5
+
+
+def test_stage_times():
+    """A trainer that times its stages: every pipeline thread has them, in the heartbeat and
+    in metrics.jsonl. On two shared cores the drafters limit (their work fills their step)
+    and the targets wait ~20 % of their loop on q_hs: under the line, and no GPU idles."""
+    assert run(rec("stage_times")) == []
+    s = store(events(rec("stage_times")))
+    rows = of_heartbeat(s.heartbeat)
+    assert [r.name for r in rows] == [
+        "prefetch-0", "prefetch-1", "target-0", "target-1", "drafter-0", "drafter-1",
+    ]  # fmt: skip
+    target = rows[2]
+    assert [st.name for st in target.stages] == [
+        "wait q_pre", "forward", "transfer", "mask", "wait q_hs",
+    ]  # fmt: skip
+    assert 0.1 < target.share("wait q_hs") < 0.4
+    assert busiest(rows).role == "drafter"
+    assert set(s.metrics[-1].stages_ms) == {r.name for r in rows}
 
 
 def test_fingerprinted():

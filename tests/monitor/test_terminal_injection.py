@@ -180,6 +180,9 @@ def test_status_json_keeps_the_exact_strings(where: tuple[list[str], dict[str, s
     assert snap["state"]["run_id"] == LIVE_RUN
     assert snap["state"]["phase"] == "training"
     assert any(ATTACKS in f["evidence"] or ATTACKS in f["title"] for f in snap["findings"])
+    (target,) = snap["state"]["stages"]  # the one thread with stage times, its names exact
+    assert target["thread"] == f"target-0 {ATTACKS}"
+    assert [st["stage"] for st in target["stages"]] == ["wait q_hs", f"forward {ATTACKS}"]
 
 
 def test_runs_shows_the_crash_error_as_text(where: tuple[list[str], dict[str, str]]) -> None:
@@ -348,6 +351,8 @@ def test_the_tui_shows_hostile_strings_as_text(
     main = seen["main"]
     assert r"A\x1b[2J B\x1b]0;title\x07" in main  # the heartbeat pane: the error
     assert r"drafter-0 A\x1b[2J" in main  # the alert naming the stuck thread
+    # The stage bars: the thread's name (cut to its column) and the stage's, as text.
+    assert r"target-0 A\x1…" in main and r"forward A\x1b[2J B\x1b]0;title\x07" in main
     assert "[link=http://x]y[/link] [bold red]H[/]" in main  # markup shown, not applied
     assert_shows_attacks(seen["steplog"], "step log")
     assert "[1m] step=8 loss=1.1 done 100%" in seen["steplog"] and "50%" not in seen["steplog"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_d
     try:
         deadline = time.monotonic() + 90
         screen = ""
-        wanted = ("no NVIDIA GPU", "training", "tok/s", "step=", "q_hs")
+        wanted = ("no NVIDIA GPU", "training", "tok/s", "step=", "q_hs", "drafter-1 ")
         while time.monotonic() < deadline:
             screen = tmux("capture-pane", "-t", session, "-p")
             if all(w in screen for w in wanted):
@@ -46,6 +47,11 @@ def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_d
         missing = [w for w in wanted if w not in screen]
         assert not missing, f"missing {missing} after 90 s:\n{screen}"
         assert len(screen.splitlines()[0]) <= 160
+        # The stage bars: a row per pipeline thread, its loop's period and largest stage.
+        rows = re.findall(r"│ ((?:prefetch|target|drafter)-\d) +cpu [█░▒]+ +\d+ ms  \w", screen)
+        assert rows == [f"{r}-{i}" for r in ("prefetch", "target", "drafter") for i in (0, 1)], (
+            screen
+        )
 
         tmux("send-keys", "-t", session, "?")
         time.sleep(1)
