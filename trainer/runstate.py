@@ -27,7 +27,7 @@ from trainer.contract.heartbeat import (
     ThreadInfo,
     WandbInfo,
 )
-from trainer.contract.phases import PHASES, STARTING, PhaseVisit
+from trainer.contract.phases import COMPILING, PHASES, STARTING, PhaseVisit
 from trainer.stages import StageClock
 
 # phase_history keeps the start-up whole and the most recent visits: a long run goes through
@@ -69,30 +69,39 @@ class RunState:
         self.on_phase: Callable[[], None] = lambda: None
 
     # -- phases ------------------------------------------------------------------------
-    def set_phase(self, phase: str, total: int | None = None, unit: str = "") -> None:
+    def set_phase(
+        self, phase: str, total: int | None = None, unit: str = "", counted: bool = False
+    ) -> None:
+        """`counted`: the phase's progress is counted in `unit` even with no known `total`
+        (compiling counts graphs before it knows how many there are)."""
         assert phase in PHASES, phase
         with self._lock:
             if phase == self.phase:
-                if total:  # the phase's size is known now (the data's lines once counted)
-                    self.phase_progress = PhaseProgress(0, total, unit)
-                return
-            now = time.time()
-            self.phase, self.phase_started_at = phase, now
-            self.phase_progress = PhaseProgress(0, total, unit) if total else None
-            self._visits[phase] = self._visits.get(phase, 0) + 1
-            last = self._history_tail or self._history_head
-            last[-1] = dataclasses.replace(last[-1], ended_at=now)
-            visit = PhaseVisit(phase, now, self._visits[phase])
-            if len(self._history_head) < HISTORY_HEAD:
-                self._history_head.append(visit)
+                if not (total or counted):
+                    return
+                # The same phase, its size known now (the data's lines once counted).
+                self.phase_progress = PhaseProgress(0, total, unit)
             else:
-                self._history_tail.append(visit)
+                now = time.time()
+                self.phase, self.phase_started_at = phase, now
+                self.phase_progress = PhaseProgress(0, total, unit) if total or counted else None
+                self._visits[phase] = self._visits.get(phase, 0) + 1
+                last = self._history_tail or self._history_head
+                last[-1] = dataclasses.replace(last[-1], ended_at=now)
+                visit = PhaseVisit(phase, now, self._visits[phase])
+                if len(self._history_head) < HISTORY_HEAD:
+                    self._history_head.append(visit)
+                else:
+                    self._history_tail.append(visit)
         self.on_phase()
 
-    def progress(self, done: int) -> None:
+    def progress(self, done: int, unit: str | None = None) -> None:
+        """`unit`: only the progress counted in that unit (the target loader's "target
+        copies" finish during compiling, whose progress counts graphs)."""
         with self._lock:
-            if self.phase_progress is not None:
-                self.phase_progress.done = done
+            p = self.phase_progress
+            if p is not None and (unit is None or p.unit == unit):
+                p.done = done
 
     @property
     def phase_history(self) -> list[PhaseVisit]:
@@ -111,12 +120,13 @@ class RunState:
 
     # -- compiling (trainer/compile_watch.py) ----------------------------------------------
     def compile_expected(self, graphs: int | None, last_s: float | None, cache: str | None) -> None:
-        """The compiling phase counts graphs: `graphs` expected (None: unknown, never
-        compiled with this cache), and what they took the last time."""
+        """Then the compiling phase, which counts graphs: `graphs` expected (None: unknown,
+        never compiled with this cache), and what they took the last time. One change, so
+        the heartbeat written at the phase change already carries the count."""
         with self._lock:
             c = self.compile
             c.done, c.expected, c.last_s, c.last_cache = 0, graphs, last_s, cache
-            self.phase_progress = PhaseProgress(0, graphs, "graphs")
+        self.set_phase(COMPILING, graphs, "graphs", counted=True)
 
     def compile_started(self, label: str) -> None:
         with self._lock:

@@ -43,6 +43,8 @@ from trainer.target import (
 from trainer.tiny_target import resolve_target_path
 from trainer.tokenized import load_tokenized
 
+LOADER_UNIT = "target copies"  # the loader ends while compiling: its count stays its own
+
 
 class TargetLoader(threading.Thread):
     """Loads one target copy per distinct target device, off the main thread."""
@@ -72,7 +74,7 @@ class TargetLoader(threading.Thread):
             for i, dev in enumerate(self.devices):
                 dtype = resolve_dtype(self.dtype_name, dev)
                 self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
-                self.progress(i + 1)
+                self.progress(i + 1)  # counted in target copies only (build_run)
         except BaseException as e:  # re-raised on the main thread by result()
             self._error = e
         finally:
@@ -207,7 +209,7 @@ def build_run(
     cfg: Config,
     warn: Callable[[str], None],
     phase: Callable[..., None] = lambda *_a, **_k: None,
-    progress: Callable[[int], None] = lambda _d: None,
+    progress: Callable[..., None] = lambda _d, _u=None: None,
     load_span: tuple[Callable[[], None], Callable[[], None]] = (lambda: None, lambda: None),
     faults: FaultPlan | None = None,
     preflight: Callable[[Path, str, int], None] = lambda _p, _d, _k: None,
@@ -288,13 +290,13 @@ def build_run(
             compile_layers(model)
     lap("drafters")
     distinct = list(dict.fromkeys(target_devices))
-    phase(LOADING_TARGET, total=len(distinct), unit="target copies")
+    phase(LOADING_TARGET, total=len(distinct), unit=LOADER_UNIT)
     loader = TargetLoader(
         target_path,
         layer_ids,
         distinct,
         cfg.target.dtype,
-        progress,
+        lambda done: progress(done, LOADER_UNIT),
         load_span,
         faults.slow_s("load_target"),
     )

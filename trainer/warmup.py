@@ -17,7 +17,6 @@ from collections.abc import Callable
 import torch
 
 from trainer.compile_watch import CompileHistory, compile_signature, watch_compiles
-from trainer.contract.phases import COMPILING
 from trainer.data import Batch
 from trainer.model import DFlashDrafter
 from trainer.runstate import RunState
@@ -103,7 +102,6 @@ def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: floa
     torch._dynamo.config.accumulated_cache_size_limit = max(
         torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
     )
-    state.set_phase(COMPILING)
     history = CompileHistory(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     signature = compile_signature(signature_parts(run, code_sha256))
     last = history.last(signature)

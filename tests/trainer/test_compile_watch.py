@@ -78,3 +78,20 @@ def test_a_torn_or_foreign_history_is_no_history(tmp_path):
     CompileHistory(tmp_path).record("z", 2, 1.0, "warm")  # rewritten whole, readable again
     assert CompileHistory(tmp_path).last("z")["graphs"] == 2
     assert CompileHistory(None).last("z") is None  # no cache dir: nothing to read or write
+
+
+def test_the_compiling_phase_counts_graphs_from_its_first_heartbeat_and_keeps_them():
+    """The phase change itself carries the count (its heartbeat is written at once), and the
+    target loader finishing meanwhile does not write its 'target copies' into it."""
+    state = RunState("r")
+    state.set_phase("loading_target", total=1, unit="target copies")
+    written = []
+    state.on_phase = lambda: written.append(state.phase_progress)
+    state.compile_expected(None, None, None)
+    assert state.phase == "compiling"
+    assert written and written[-1] is not None and written[-1].unit == "graphs"
+    state.progress(1, "target copies")  # the loader, done during compiling
+    assert state.phase_progress is not None
+    assert (state.phase_progress.done, state.phase_progress.total) == (0, None)
+    state.compile_ended()
+    assert state.phase_progress.done == 1
