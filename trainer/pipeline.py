@@ -213,8 +213,9 @@ class Pipeline:
                 continue
             clock.lap()
             self.state.thread_state("building batch")
-            self.faults.check("prefetch", n)
             with clock.work(STAGE_BUILD):
+                # Inside the stage: DFLASH_FAULT=slow:prefetch:S is a slow build, as timed.
+                self.faults.check("prefetch", n)
                 blocks = self.make_batch(g)
                 if pin:
                     blocks = _pin(blocks)
@@ -240,8 +241,8 @@ class Pipeline:
             with clock.wait(STAGE_WAIT_PRE):
                 blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
             self.state.thread_state("forward")
-            self.faults.check("target", n)
             with clock.work(STAGE_FORWARD):
+                self.faults.check("target", n)  # inside: a slowed target's forward is slow
                 on_dev = blocks.to(dev, non_blocking=True)
                 b = on_dev.batch
                 if b.position_ids is None:
@@ -280,12 +281,12 @@ class Pipeline:
                 assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
                 wait_ready(item.ready, dev)
             self.state.thread_state("forward")
-            self.faults.check("drafter", n)
             noise = noise_at(s, run.total_steps, cfg.train)
             gen = None
             if noise > 0:
                 gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
             with clock.work(STAGE_FORWARD), autocast_for(dev):
+                self.faults.check("drafter", n)  # inside: a slowed drafter's forward is slow
                 out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
             if self.faults.poison_loss(s):  # DFLASH_FAULT=nan:N, as a diverged run does
                 out.loss = out.loss * float("nan")
