@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from textual import work
+from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -48,6 +48,8 @@ from dflash_tui.widgets.screens import (
 from dflash_tui.widgets.stages import StagePane
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Progress
+
+STAGES_MIN_HEIGHT = 36  # rows: below this the stage bars give way to the step log
 
 
 class DFlashApp(App[int]):
@@ -155,6 +157,11 @@ class DFlashApp(App[int]):
         with Vertical(id="plots-box", classes="box"):
             yield Plots(id="plots")
         yield Footer()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The step log comes first: on a short terminal (80x24) the stage bars would leave it
+        # no line at all. Their figures stay in the alerts' evidence, headless and --json.
+        self.query_one("#stages-box").display = event.size.height >= STAGES_MIN_HEIGHT
 
     def on_mount(self) -> None:
         self.set_interval(self.REFRESH_S, self.redraw)

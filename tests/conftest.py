@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -156,7 +159,20 @@ class TrainerProcess:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 60.0) -> int:
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Say where it is stuck: faulthandler's dump of every thread, and the log's end.
+            self.proc.send_signal(signal.SIGUSR2)
+            time.sleep(1.0)
+            stacks = self.run_dir / "stacks-sigusr2.txt"
+            dump = stacks.read_text()[-6000:] if stacks.exists() else "(no dump)"
+            log = self.run_dir / "train.log"
+            tail = log.read_text()[-3000:] if log.exists() else "(no train.log)"
+            raise AssertionError(
+                f"trainer still running after {timeout}s\n--- train.log\n{tail}\n"
+                f"--- threads (SIGUSR2)\n{dump}"
+            ) from None
         self._stdout.close()
         return code
 

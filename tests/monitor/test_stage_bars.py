@@ -138,9 +138,10 @@ def test_a_short_pane_shows_a_row_per_role() -> None:
 
 
 def test_a_pane_too_short_for_the_roles_shows_the_busiest_thread() -> None:
-    """80x30 leaves the stage box one line: the thread the others wait for."""
-    (lines,) = run((80, 30), recorded("training-cpu.json"))["stages"]
-    assert len(lines) == 1 and re.match(r"drafter-0 █+  452 ms  backward 49%$", lines[0]), lines
+    """80x36 (the shortest that shows stage bars) leaves the stage box room for one row and
+    the legend: the thread the others wait for."""
+    (lines,) = run((80, 36), recorded("training-cpu.json"))["stages"]
+    assert len(lines) == 2 and re.match(r"drafter-0 █+  452 ms  backward 49%$", lines[0]), lines
 
 
 def test_without_stage_times_it_says_why_and_updates_with_each_heartbeat() -> None:
@@ -215,3 +216,22 @@ def test_an_older_trainer_while_compiling_shows_the_phase_alone() -> None:
     old["phase_progress"] = None  # what a trainer before compile progress wrote
     (line,) = run((160, 60), old)["heartbeat"]
     assert "phase compiling for 10s heartbeat" in line, line
+
+
+async def _stage_box_shown(size: tuple[int, int]) -> tuple[bool, int]:
+    hb = recorded("training-cpu.json")
+    app = DFlashApp(TARGET, theme_name="dark", connect=False, clock=lambda: hb["now"])
+    async with app.run_test(size=size) as pilot:
+        for e in events(hb):
+            app.feed(e)
+        app.redraw(force=True)
+        await pilot.pause(0.3)
+        return bool(app.query_one("#stages-box").display), app.query_one("#steplog").size.height
+
+
+def test_on_a_short_terminal_the_stage_bars_give_way_to_the_step_log() -> None:
+    """At 80x24 the stage box left the step log no line at all."""
+    shown_small, log_small = asyncio.run(_stage_box_shown((80, 24)))
+    assert not shown_small and log_small >= 3
+    shown_big, log_big = asyncio.run(_stage_box_shown((160, 48)))
+    assert shown_big and log_big >= 3

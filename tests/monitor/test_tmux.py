@@ -30,8 +30,10 @@ def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_d
         "TERM": "xterm-256color",
     }
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    # A fresh tmux server has sized its pane 80x24 for a moment now and then: start once the
+    # pane has its 160x48.
     cmd = (
-        f"cd {shlex.quote(str(ROOT))} && env {exports} {shlex.quote(sys.executable)} -m "
+        f"sleep 1; cd {shlex.quote(str(ROOT))} && env {exports} {shlex.quote(sys.executable)} -m "
         "dflash_tui demo --set runtime.wandb_mode=disabled; sleep 60"
     )  # keep the pane to read
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", cmd)
@@ -48,7 +50,7 @@ def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_d
         assert not missing, f"missing {missing} after 90 s:\n{screen}"
         assert len(screen.splitlines()[0]) <= 160
         # The stage bars: a row per pipeline thread, its loop's period and largest stage.
-        rows = re.findall(r"│ ((?:prefetch|target|drafter)-\d) +cpu [█░▒]+ +\d+ ms  \w", screen)
+        rows = re.findall(r"│ ((?:prefetch|target|drafter)-\d) +cpu [█░▒]+ +[\d.]+ m?s  \w", screen)
         assert rows == [f"{r}-{i}" for r in ("prefetch", "target", "drafter") for i in (0, 1)], (
             screen
         )
