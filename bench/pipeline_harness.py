@@ -31,11 +31,11 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
 
-    from trainer.compile_cache import compile_cache_dir, configure_compile_cache
+    from trainer.compile_cache import configure_compile_cache
     from trainer.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    configure_compile_cache(compile_cache_dir(cfg))
+    configure_compile_cache(cfg)
 
     from trainer.checkpoint import TrainPosition
     from trainer.pipeline import Pipeline

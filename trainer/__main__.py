@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from trainer.compile_cache import compile_cache_dir, configure_compile_cache
+from trainer.compile_cache import configure_compile_cache
 from trainer.config import (
     Config,
     ConfigError,
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         cfg, meta = resolve_config(args)
-        configure_compile_cache(compile_cache_dir(cfg))
+        configure_compile_cache(cfg)
         checkpoint = None
         if args.resume is not None:
             checkpoint = resume_checkpoint(args.resume)

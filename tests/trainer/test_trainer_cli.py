@@ -148,3 +148,24 @@ def test_a_dataset_with_nothing_usable_stops_at_start(tmp_path):
     )
     assert r.returncode == 2
     assert "no usable sample" in r.stderr and str(data) in r.stderr
+
+
+def test_the_configured_compile_cache_wins_over_an_inherited_one(tmp_path):
+    """torch exports TORCHINDUCTOR_CACHE_DIR from any process that has compiled once, and the
+    processes it launches inherit it: a run whose config names a compile cache uses that one
+    (its caches and its compile history), not the launcher's."""
+    import os
+
+    inherited, configured = tmp_path / "inherited", tmp_path / "configured"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inherited / "inductor")}
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", str(TINY), "--run-root",
+         str(tmp_path / "runs"), "--max-steps", "1", "--set", "runtime.wandb_mode=disabled",
+         "--set", f"runtime.compile_cache_dir={json.dumps(str(configured))}"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    heartbeat = json.loads((only_run_dir(tmp_path / "runs") / "heartbeat.json").read_text())
+    assert heartbeat["compile"]["cache_dir"] == str(configured / "inductor")
+    assert (configured / "inductor" / "history.json").is_file()
+    assert not inherited.exists()
