@@ -45,6 +45,18 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def describe_loaded(info: object) -> str:
+    """'8 entries (aot_autograd 4, inductor 4)': what load_cache_artifacts put in the local
+    caches. Its CacheInfo keeps them by kind in `artifacts` (a dict of key lists)."""
+    kinds = getattr(info, "artifacts", None)
+    if not isinstance(kinds, dict):
+        return "no entries"
+    counts = {str(k): len(v) for k, v in sorted(kinds.items()) if isinstance(v, list) and v}
+    total = sum(counts.values())
+    parts = ", ".join(f"{k} {n}" for k, n in counts.items())
+    return f"{total} entries ({parts})" if total else "no entries"
+
+
 def load_shipped(local_dir: Path, device: torch.device, note: Callable[[str], None]) -> bool:
     """Load the blob shipped for this torch and GPU, if there is one not loaded before."""
     shipped = os.environ.get(ENV)
@@ -74,10 +86,9 @@ def load_shipped(local_dir: Path, device: torch.device, note: Callable[[str], No
     except Exception as e:  # a blob from another build: compile as if it were not there
         note(f"compile cache: {path.name} shipped by deploy did not load ({e}): compiling")
         return False
-    entries = sum(len(v) for v in vars(info).values() if isinstance(v, list)) if info else 0
     note(
-        f"compile cache: loaded {entries} entries ({len(data) / 1e6:.1f} MB) shipped by deploy "
-        f"from {path} in {time.monotonic() - t0:.1f}s"
+        f"compile cache: loaded {describe_loaded(info)} ({len(data) / 1e6:.1f} MB) shipped by "
+        f"deploy from {path} in {time.monotonic() - t0:.1f}s"
     )
     local_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(loaded_path, [*loaded[-31:], digest], durable=False)
