@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -239,27 +240,34 @@ def test_a_killed_agent_is_restarted_and_resumes(sshd, remote_factory, tmp_path)
 
 
 def test_hostile_names_and_paths_execute_nothing(sshd, remote_factory, tmp_path, monkeypatch):
+    """Every injected command would create a file whose name holds this test's own token:
+    a file left in /tmp by anything else (another test, an earlier session) cannot be
+    mistaken for an injection, and any file bearing the token anywhere we look is one."""
     monkeypatch.chdir(tmp_path)
-    evil = tmp_path / "a;touch x" / "$(touch pwned)" / "it's `id`"
+    tok = f"pwn{uuid.uuid4().hex[:10]}"
+    evil = tmp_path / f"a;touch {tok}x" / f"$(touch {tok})" / f"it's `touch {tok}i`"
     r = remote_factory(ssh_target(sshd, evil, pct=False))
     r.wait(lambda s: s.hello is not None, 30, "hello")
     assert r.store.hello.remote_dir == str(evil)
     deploy(r)
-    cfg = TINY.read_text().replace('name = "tiny-cpu"', 'name = "x;touch y $(touch z) \\"q\\""')
+    hostile_name = f'name = "x;touch {tok}y $(touch {tok}z) \\"q\\""'
+    cfg = TINY.read_text().replace('name = "tiny-cpu"', hostile_name)
     bad = r.request(
         Launch(
             config_toml=cfg,
-            overrides=[NO_WANDB, "train.max_steps=1", 'name="$(touch w);touch v"'],
-            name="$(touch u);x",
+            overrides=[NO_WANDB, "train.max_steps=1", f'name="$(touch {tok}w);touch {tok}v"'],
+            name=f"$(touch {tok}u);x",
         ),
         timeout=120,
     )
     run_dir = Path(bad["run_dir"])
     assert run_dir.parent == evil / "runs" and "$(" not in run_dir.name
     r.wait(lambda s: (run_dir / "exit.json").exists(), 90, "the run finished")
-    for name in ("x", "y", "z", "w", "v", "u", "pwned"):
-        for where in (tmp_path, Path.home(), evil, run_dir, Path("/tmp")):
-            assert not (where / name).exists(), where / name
+    for where in (tmp_path, Path.home(), evil, run_dir, Path("/tmp")):
+        made = [p.name for p in where.iterdir() if p.name.startswith(tok)]
+        assert not made, (where, made)
+    # The folders we made ourselves hold the token inside their names, never at the start.
+    assert not [p for p in tmp_path.rglob(f"{tok}*")], "an injected command ran"
     with pytest.raises(LinkError, match="bad run id"):
         r.request(ReadFile(run_id="../../etc", name="passwd"))
     with pytest.raises(LinkError, match="bad file name"):
