@@ -117,6 +117,7 @@ def test_kill_connections_ends_a_live_session(sshd: SshServer):
 # --- TCP proxy -------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_proxy_forwards_and_drop_all_cuts_live_connections(
     sshd: SshServer, tcp_proxy: Callable[[str, int], TcpProxy]
 ):

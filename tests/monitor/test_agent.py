@@ -495,6 +495,7 @@ def test_the_wrapper_records_the_trainers_start_and_its_exit(tmp_path):
     assert ended["total_steps"] == 400 and ended["checkpoint"] == "checkpoints/step-00000051.pt"
 
 
+@pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_a_liveness_probe_is_not_taken_for_a_run(tmp_path):
     """Every agent probes the launch lock once a second (flock for microseconds). A launch
     that met a probe was refused with "run ? is alive" (seen in a clean-clone test run);

@@ -27,10 +27,11 @@ def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess
     )
 
 
-@pytest.fixture
-def running(tmp_path):
-    """A deployed remote dir with a live tiny run, through the CLI; killed afterwards."""
-    remote = str(tmp_path / "remote")
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """A deployed remote dir with a live tiny run, through the CLI; killed after the module's
+    last test. Its tests only read it: one run for them all (~15 s each on two cores)."""
+    remote = str(tmp_path_factory.mktemp("running") / "remote")
     where = ["local", "--remote-dir", remote]
     assert cli("deploy", *where).returncode == 0
     r = cli(

@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from monitor_helpers import ROOT
+
+# Named dumps have 2 s before the C-level fallback: not beside another test's trainer.
+pytestmark = pytest.mark.serial
 
 LONG = ("--max-steps", "100000", "--set", "train.log_every=1")
 

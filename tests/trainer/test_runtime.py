@@ -18,6 +18,7 @@ LONG = ("--max-steps", "100000", "--set", "train.log_every=1")
 PIPELINE_THREADS = {"prefetch-0", "prefetch-1", "target-0", "target-1", "drafter-0", "drafter-1"}
 
 
+@pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_phases_advance_and_the_heartbeat_stays_fresh(start_trainer):
     p = start_trainer(*LONG)
     seen: list[str] = []
@@ -97,6 +98,7 @@ def test_metrics_and_heartbeat_agree(start_trainer):
         assert fields.q_pre == m["q_pre"] and fields.q_hs == m["q_hs"]
 
 
+@pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_sigusr1_dumps_every_thread_without_disturbing_training(start_trainer):
     p = start_trainer(*LONG)
     hb = p.wait_step(3)
@@ -115,6 +117,7 @@ def test_sigusr1_dumps_every_thread_without_disturbing_training(start_trainer):
     assert p.wait() == 0
 
 
+@pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_sigusr1_taken_by_a_native_library_is_put_back(start_trainer):
     """On the GPU, Triton's in-process LLVM takes SIGUSR1 at the C level (Python still
     reports its handler) and swallows it: the guard puts ours back, names the taker in
@@ -179,7 +182,7 @@ def test_resume_continues_the_same_trajectory(start_trainer, tmp_path):
     """SIGTERM a run, resume it, and compare with a run never interrupted."""
     args = ("--max-steps", "400", "--set", "train.log_every=1")
     ref = start_trainer(*args, root=tmp_path / "ref")
-    ref.wait_step(30)
+    ref.wait_step(15)
     ref.signal(signal.SIGTERM)
     assert ref.wait() == 0
 
@@ -188,10 +191,10 @@ def test_resume_continues_the_same_trajectory(start_trainer, tmp_path):
     cut.signal(signal.SIGTERM)
     assert cut.wait() == 0
     stopped_at = cut.heartbeat()["step"]
-    assert stopped_at < 25
+    assert stopped_at < 12
 
     resumed = start_trainer("--resume", str(cut.run_dir), root=tmp_path / "resumed")
-    resumed.wait_step(30)
+    resumed.wait_step(15)
     resumed.signal(signal.SIGTERM)
     assert resumed.wait() == 0
     config = json.loads((resumed.run_dir / "config.json").read_text())
@@ -203,11 +206,11 @@ def test_resume_continues_the_same_trajectory(start_trainer, tmp_path):
     assert got[0]["step"] == stopped_at + 1
     compared = 0
     for m in got:
-        if m["step"] in expected and m["step"] <= 30:
+        if m["step"] in expected and m["step"] <= 15:
             assert m["loss"] == pytest.approx(expected[m["step"]]["loss"], rel=1e-6), m["step"]
             assert m["tokens"] == expected[m["step"]]["tokens"]
             compared += 1
-    assert compared >= 30 - stopped_at
+    assert compared >= 15 - stopped_at
 
 
 @pytest.mark.parametrize(
