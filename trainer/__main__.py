@@ -2,6 +2,7 @@
 
     python -m trainer --config trainer/configs/tiny-cpu.toml --run-root runs [--max-steps N]
     python -m trainer --resume runs/<run_id> [--set train.max_steps=2000]
+    python -m trainer export runs/<run_id> --out DIR [--step N]   (trainer/export_cli.py)
 
 Exit codes: 0 finished (or stopped by SIGTERM after a checkpoint), 1 crashed, 2 bad input.
 """
@@ -141,6 +142,11 @@ def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from trainer.export_cli import main as export_main
+
+        return export_main(argv[1:])
     args = parse_args(argv)
     started = time.time()
     try:

@@ -47,6 +47,9 @@ class DrafterConfig:
     head_dim: int = 0
     # Added to the tokenizer when it has no mask token of its own.
     mask_token: str = "<|MASK|>"
+    # A warm start: a DFlash drafter folder as SpecForge and SGLang load it (config.json +
+    # *.safetensors, e.g. `python -m trainer export`'s output) whose shape is this drafter's.
+    init_from: str = ""
 
 
 @dataclass
@@ -118,7 +121,8 @@ class RuntimeConfig:
     target_stream: bool = True
     heartbeat_interval: float = 1.0
     # Inductor/Triton cache, kept outside the run dir so a restart reuses it.
-    # "" = <cache dir>/compile (see DFLASH_CACHE_DIR).
+    # "" = <cache dir>/compile (see DFLASH_CACHE_DIR), or torch's own TORCHINDUCTOR_CACHE_DIR
+    # and TRITON_CACHE_DIR where set; a folder named here wins over both.
     compile_cache_dir: str = ""
     wandb_mode: str = "offline"
     wandb_project: str = "dflash"

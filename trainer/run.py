@@ -301,6 +301,8 @@ class Run:
         )
         self.state.total_steps = setup.total_steps
         self._report_data(setup)
+        if setup.warm_start:
+            self.log.line(setup.warm_start)
         position = TrainPosition(step=0, batches=0, tokens=0)
         if checkpoint is not None:
             position = restore(setup, checkpoint)

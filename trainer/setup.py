@@ -25,6 +25,7 @@ from trainer.data import (
     batches_per_epoch,
     resolve_data_path,
 )
+from trainer.export import warm_start
 from trainer.faults import FaultPlan
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
@@ -165,6 +166,7 @@ class RunSetup:
     total_steps: int
     settings: LossSettings
     loader: Any = None  # TargetLoader until finish_loading()
+    warm_start: str = ""  # what drafter.init_from loaded, for train.log
 
     def finish_loading(self) -> None:
         """Wait for the target; give every drafter replica its real embedding and head."""
@@ -284,6 +286,10 @@ def build_run(
     # Built on its device: initialising ~1B parameters on the host took 10-15 s of a restart.
     with torch.device(drafter_devices[0]):
         primary = DFlashDrafter(arch, *placeholders[drafter_devices[0]])
+    warmed = ""
+    if cfg.drafter.init_from:  # before the replicas copy it; a resumed checkpoint wins later
+        folder = Path(cfg.drafter.init_from).expanduser()
+        warmed = f"warm start: {warm_start(primary, arch, folder)} drafter tensors from {folder}"
     replicas = DrafterReplicas(primary, drafter_devices, placeholders)
     if cfg.train.compile_drafter:
         for model in replicas.models:
@@ -321,4 +327,5 @@ def build_run(
         batches_per_epoch=per_epoch,
         total_steps=total,
         settings=settings,
+        warm_start=warmed,
     )
