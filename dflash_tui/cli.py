@@ -4,8 +4,8 @@
                [--python PATH] [--identity FILE] [--known-hosts FILE]
                [--headless [--once] [--json] [--interval S]]
     dflash-tui demo [--headless]
-    dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache}
-               [TARGET] [options]
+    dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
+                export} [TARGET] [options]
 
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
@@ -41,6 +41,8 @@ SUBCOMMANDS = {
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
     "the host's GPU runs saved, for deploy to ship",
+    "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
+    "SGLang load it, into <remote-dir>/exports/ on the host",
 }
 
 
@@ -121,6 +123,17 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
     if name in ("kill", "restart", "dump-stacks"):
         p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
+    if name == "export":
+        p.add_argument(
+            "--run", dest="run_id", help="run id (default: the alive run, else the latest)"
+        )
+        p.add_argument("--step", type=int, help="this checkpoint (default: the newest good one)")
+        p.add_argument(
+            "--dtype",
+            choices=("bfloat16", "float32"),
+            default="bfloat16",
+            help="(default bfloat16)",
+        )
     if name == "restart":
         p.add_argument(
             "--fresh",
@@ -274,6 +287,10 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 print("# py-spy dump --native\n" + sanitize.lines(st.pyspy))
             if st.seconds is not None:
                 print(f"# {st.kind} dump of pid {st.pid}, {st.seconds:.2f}s after the signal")
+        elif name == "export":
+            e = await control.export(link, args.run_id, args.step, args.dtype)
+            _out(e.said or f"exported {e.run_id} step {e.step}")
+            _out(f"on the host: {e.out}")
         elif name == "clear-cache":
             c = await control.clear_cache(link)
             _out(

@@ -35,6 +35,7 @@ from trainer.contract.protocol import (
     Command,
     Deploy,
     DumpStacks,
+    ExportDrafter,
     FollowRun,
     Kill,
     Launch,
@@ -314,6 +315,15 @@ class CacheCleared:
 
 
 @dataclasses.dataclass
+class Exported:
+    run_id: str
+    step: int
+    out: str  # the folder on the host
+    dtype: str
+    said: str = ""  # the trainer's own line (what, how large, from where)
+
+
+@dataclasses.dataclass
 class Followed:
     run_id: str | None = None  # None: no run under the run root yet
 
@@ -404,6 +414,13 @@ async def dump_stacks(link: Requester, pyspy: bool = True, run_id: str | None = 
 async def clear_cache(link: Requester) -> CacheCleared:
     cmd = ClearCompileCache()
     return _answer(CacheCleared, cmd, await link.request(cmd))
+
+
+async def export(
+    link: Requester, run_id: str | None, step: int | None, dtype: str = "bfloat16"
+) -> Exported:
+    cmd = ExportDrafter(run_id=run_id, step=step, dtype=dtype)
+    return _answer(Exported, cmd, await link.request(cmd))
 
 
 async def list_runs(link: Requester, store: Store) -> list[RunInfo]:

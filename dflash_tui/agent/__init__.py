@@ -24,6 +24,7 @@ One job per module:
   resume    what a restart continues: a run's newest good checkpoint, read without torch
   kill      stopping a run's process group and waiting for its GPU memory
   deploy    unpacking a release, trusted by its hash before any of it runs
+  export    the trainer's `export` of a run's drafter, run from the release into exports/
   wrap      the detached parent of one trainer run: starts it, writes exit.json
 
 Runs live in RUN_ROOT/<run_id>/. While a launched run lives, RUN_ROOT/.launch.lock is

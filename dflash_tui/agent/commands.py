@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.export import export
 from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
@@ -26,6 +27,7 @@ from trainer.contract.protocol import (
     Command,
     Deploy,
     DumpStacks,
+    ExportDrafter,
     FollowRun,
     Kill,
     Launch,
@@ -319,6 +321,11 @@ def push_artifacts(agent: Agent, cmd: PushArtifacts) -> dict[str, Any]:
     return artifacts.push(agent.remote_dir, cmd)
 
 
+def export_drafter(agent: Agent, cmd: ExportDrafter) -> dict[str, Any]:
+    run_id = target_run(agent, cmd.run_id, need_alive=False)
+    return export(agent.runs, agent.remote_dir, agent.args.python, run_id, cmd)
+
+
 HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
     Ping: ping,
     FollowRun: follow,
@@ -332,4 +339,5 @@ HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
     Deploy: deploy_release,
     PullArtifacts: pull_artifacts,
     PushArtifacts: push_artifacts,
+    ExportDrafter: export_drafter,
 }

@@ -372,6 +372,19 @@ class PushArtifacts(Command):
 
 
 @dataclasses.dataclass(kw_only=True)
+class ExportDrafter(Command):
+    """The run's drafter as SpecForge and SGLang load it, into `<remote dir>/exports/`."""
+
+    run_id: str | None = None  # None: the alive run, else the latest
+    step: int | None = None  # None: the newest good checkpoint
+    dtype: str = "bfloat16"
+    timeout_s: float = 900.0  # a large drafter's weights are gigabytes
+
+    def client_timeout(self) -> float:
+        return self.timeout_s + 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
 class ReadFile(Command):
     run_id: str | None = None  # None: the followed run
     name: str
@@ -391,6 +404,7 @@ COMMANDS: dict[str, type[Command]] = {
     "read_file": ReadFile,
     "pull_artifacts": PullArtifacts,
     "push_artifacts": PushArtifacts,
+    "export": ExportDrafter,
 }
 COMMAND_NAMES: dict[type, str] = {cls: name for name, cls in COMMANDS.items()}
 # Answered inline by the agent's loop; the others run on a thread of their own so that a

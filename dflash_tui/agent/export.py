@@ -1,0 +1,63 @@
+"""`export`: the trainer's own `python -m trainer export` run on the host, from the deployed
+release, into `<remote dir>/exports/<run id>-step-<N>-<dtype>`: the drafter as SpecForge and
+SGLang load it (trainer/export.py). The step is the run's newest good checkpoint by the
+contract's rule (agent/resume.py) unless one is named; the trainer refuses an existing
+folder, so an export is never overwritten."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.launch import release_dir
+from dflash_tui.agent.resume import Checkpoints
+from dflash_tui.agent.runs import RunRoot
+from trainer.contract.protocol import ExportDrafter
+
+EXPORTS = "exports"
+DTYPES = ("bfloat16", "float32")
+
+
+def export(
+    runs: RunRoot, remote_dir: str, python: str | None, run_id: str, cmd: ExportDrafter
+) -> dict[str, Any]:
+    if cmd.dtype not in DTYPES:
+        raise CommandError(f"dtype {cmd.dtype!r}: one of {', '.join(DTYPES)}")
+    run_dir = runs.checked_dir(run_id)
+    step = cmd.step
+    if step is None:
+        choice = Checkpoints().choice(run_dir)
+        if choice.step is None:
+            why = "; ".join(f"{n}: {w}" for n, w in choice.skipped) or "it has none"
+            raise CommandError(f"run {run_id}: no good checkpoint to export ({why})")
+        step = choice.step
+    elif step < 0:
+        raise CommandError(f"step {step}: a checkpoint's step is not negative")
+    release = release_dir(remote_dir)
+    folder = os.path.join(remote_dir, EXPORTS)
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, f"{run_id}-step-{step}-{cmd.dtype}")
+    python = python or os.path.abspath(sys.executable)
+    argv = [python, "-m", "trainer", "export", run_dir, "--out", out, "--step", str(step),
+            "--dtype", cmd.dtype]  # fmt: skip
+    env = dict(os.environ)
+    env["PYTHONPATH"] = release + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        r = subprocess.run(
+            argv, check=False, cwd=release, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, errors="replace", timeout=cmd.timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise CommandError(
+            f"export of {run_id} step {step} took over {cmd.timeout_s:.0f}s"
+        ) from None
+    except OSError as e:
+        raise CommandError(f"could not start {python}: {e.strerror or e}") from None
+    said = (r.stdout.strip().splitlines() or [""])[-1]
+    if r.returncode != 0:
+        err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+        raise CommandError(f"export of {run_id} step {step}: {err.removeprefix('error: ')}")
+    return {"run_id": run_id, "step": step, "out": out, "dtype": cmd.dtype, "said": said}

@@ -1,0 +1,57 @@
+"""`dflash-tui export` as an operator runs it: deploy, a real tiny run through the agent,
+then the export written on the host from the deployed trainer, never over an earlier one."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from monitor_helpers import NO_WANDB, TINY
+from test_monitor_cli import cli
+
+
+def test_export_writes_the_runs_drafter_on_the_host_and_never_overwrites(tmp_path):
+    remote = tmp_path / "remote"
+    where = ["local", "--remote-dir", str(remote)]
+    assert cli("deploy", *where).returncode == 0
+    r = cli("launch", *where, "--config", str(TINY), "--set", NO_WANDB, "--set",
+            "train.max_steps=8", "--set", "train.checkpoint_every=4")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run_dir = Path(r.stdout.split(" in ")[1].split()[0])
+    deadline = time.monotonic() + 120
+    while not (run_dir / "exit.json").exists():
+        assert time.monotonic() < deadline, (run_dir / "train.log").read_text()
+        time.sleep(0.5)
+
+    e = cli("export", *where)
+    assert e.returncode == 0, e.stderr
+    out = remote / "exports" / f"{run_dir.name}-step-8-bfloat16"
+    assert e.stdout.splitlines() == [
+        e.stdout.splitlines()[0],
+        f"on the host: {out}",
+    ]
+    assert e.stdout.startswith("exported step 8 (25 tensors")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dtype"] == "bfloat16"
+    assert (out / "model.safetensors").stat().st_size > 0
+
+    earlier = cli("export", *where, "--run", run_dir.name, "--step", "4", "--dtype", "float32")
+    assert earlier.returncode == 0, earlier.stderr
+    assert (remote / "exports" / f"{run_dir.name}-step-4-float32" / "config.json").is_file()
+
+    for args, needle in [
+        ([], "already exists; an export never overwrites"),
+        (["--step", "5"], "no checkpoint at step 5 (steps: 4, 8)"),
+        (["--run", "../../etc"], "bad run id"),
+        (["--run", "nope"], "no run 'nope'"),
+    ]:
+        bad = cli("export", *where, *args)
+        # Refused by the host: one line and exit 1, as every command the agent refuses.
+        assert bad.returncode == 1, (args, bad.stdout, bad.stderr)
+        assert needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        assert "Traceback" not in bad.stderr
+    assert sorted(p.name for p in (remote / "exports").iterdir()) == [
+        f"{run_dir.name}-step-4-float32",
+        f"{run_dir.name}-step-8-bfloat16",
+    ]
