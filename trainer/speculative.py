@@ -1,0 +1,139 @@
+"""Speculative decoding as a server runs it, to measure what a drafter is worth: the
+acceptance length τ (tokens per target verify step, the bonus token included).
+
+One step, as in DFlash inference (and SpecForge's `spec_generate`):
+  1. the drafter proposes a block from the target's features of the context so far: the
+     last target token as the anchor at position L, mask tokens after it, one forward, the
+     greedy token at each mask position;
+  2. the target verifies: one forward over context + anchor + drafts gives its greedy token
+     after every prefix; drafts are accepted while they equal it, and the target's token
+     after the last accepted one is the bonus;
+  3. the accepted tokens and the bonus extend the context; that same forward's hidden states
+     are the next step's context features.
+
+Greedy verification is lossless: the tokens produced are the target's own greedy decoding,
+whatever the drafter proposes (tests/trainer/test_speculative.py checks both that and τ
+against a brute-force reference). The target here is the whole model (logits for
+verification), not the truncated one training feeds on; no KV cache: every step runs the
+target over the whole sequence, simple and exact at evaluation sizes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# (context features [L, n*H], anchor token, anchor position) -> block_size - 1 draft tokens
+Proposer = Callable[[Tensor, int, int], list[int]]
+
+
+@dataclass
+class DecodeStats:
+    block_size: int
+    accepted: list[int] = field(default_factory=list)  # drafts accepted, per verify step
+    tokens: int = 0  # new tokens produced (the prefill's first token included)
+    seconds: float = 0.0
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens per verify step: accepted drafts + the target's bonus token."""
+        return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else None
+
+    def per_position(self) -> list[float]:
+        """For draft position k = 1 .. block_size-1: the share of steps that accepted it."""
+        n = len(self.accepted)
+        return [sum(a >= k for a in self.accepted) / n if n else 0.0
+                for k in range(1, self.block_size)]  # fmt: skip
+
+    def add(self, other: DecodeStats) -> None:
+        self.accepted += other.accepted
+        self.tokens += other.tokens
+        self.seconds += other.seconds
+
+    def summary(self) -> dict[str, Any]:
+        tau = self.tau
+        return {
+            "tau": round(tau, 4) if tau is not None else None,
+            "per_position": [round(x, 4) for x in self.per_position()],
+            "verify_steps": len(self.accepted),
+            "tokens": self.tokens,
+            "tok_s": round(self.tokens / self.seconds, 1) if self.seconds > 0 else None,
+            "block_size": self.block_size,
+        }
+
+
+def layer_features(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> Tensor:
+    """The drafter's context from HF's `hidden_states`: layer i's output is entry i + 1 (entry
+    0 is the embeddings; the last entry is the final-normed one, as trainer/target.py feeds)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+@torch.no_grad()
+def target_pass(model: Any, ids: list[int], layer_ids: list[int]) -> tuple[list[int], Tensor]:
+    """(the target's greedy token after each prefix of `ids`, the context features [L, n*H])."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
+    greedy = out.logits[0].argmax(-1).tolist()
+    return greedy, layer_features(out.hidden_states, layer_ids)[0]
+
+
+def drafter_proposer(drafter: Any) -> Proposer:
+    """The drafter as at inference: anchor + mask tokens, one forward over the whole context
+    (no mask: every block token sees all of it), greedy at each mask position."""
+    arch = drafter.arch
+    bs, mask_id = arch.block_size, arch.mask_token_id
+
+    @torch.no_grad()
+    def propose(feats: Tensor, anchor: int, position: int) -> list[int]:
+        device = feats.device
+        block = torch.full((1, bs), mask_id, dtype=torch.long, device=device)
+        block[0, 0] = anchor
+        dtype = drafter.fc.weight.dtype
+        context = drafter.fuse_context(feats[None].to(dtype))
+        positions = position + torch.arange(bs, device=device)[None]
+        hidden = drafter(block, positions, context, None)
+        return drafter.logits(hidden[:, 1:]).argmax(-1)[0].tolist()  # type: ignore[no-any-return]
+
+    return propose
+
+
+def speculative_decode(
+    model: Any,
+    layer_ids: list[int],
+    propose: Proposer,
+    prompt: list[int],
+    new_tokens: int,
+    block_size: int,
+    eos: int | None = None,
+) -> tuple[list[int], DecodeStats]:
+    """Decode `new_tokens` after `prompt` (fewer if the target says `eos`)."""
+    t0 = time.monotonic()
+    stats = DecodeStats(block_size)
+    ids = list(prompt)
+    greedy, feats = target_pass(model, ids, layer_ids)
+    anchor = greedy[-1]  # the prefill's own token
+    out = [anchor]
+    while len(out) < new_tokens and anchor != eos:
+        n = len(ids)  # the anchor sits at position n; the context is positions 0 .. n-1
+        drafts = propose(feats[:n], anchor, n)[: block_size - 1]
+        greedy, feats = target_pass(model, [*ids, anchor, *drafts], layer_ids)
+        accepted = 0  # greedy[n + k]: the target's token after the anchor and k drafts
+        while accepted < len(drafts) and drafts[accepted] == greedy[n + accepted]:
+            accepted += 1
+        bonus = greedy[n + accepted]
+        ids += [anchor, *drafts[:accepted]]
+        out += [*drafts[:accepted], bonus]
+        stats.accepted.append(accepted)
+        anchor = bonus
+        if eos is not None and eos in out:
+            out = out[: out.index(eos) + 1]
+            break
+    out = out[:new_tokens]
+    stats.tokens = len(out)
+    stats.seconds = time.monotonic() - t0
+    return out, stats
