@@ -3,6 +3,7 @@
     python -m trainer --config trainer/configs/tiny-cpu.toml --run-root runs [--max-steps N]
     python -m trainer --resume runs/<run_id> [--set train.max_steps=2000]
     python -m trainer export runs/<run_id> --out DIR [--step N]   (trainer/export_cli.py)
+    python -m trainer eval runs/<run_id> [--step N] [--prompts K]  (trainer/eval_cli.py)
 
 Exit codes: 0 finished (or stopped by SIGTERM after a checkpoint), 1 crashed, 2 bad input.
 """
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.export_cli import main as export_main
 
         return export_main(argv[1:])
+    if argv[:1] == ["eval"]:
+        from trainer.eval_cli import main as eval_main
+
+        return eval_main(argv[1:])
     args = parse_args(argv)
     started = time.time()
     try:

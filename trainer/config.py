@@ -69,6 +69,10 @@ class DataConfig:
     # Tokenized samples are cached on disk, keyed by the data's content, the tokenizer, the
     # format, the largest bucket and the tokenizing code (trainer/tokenized.py).
     cache: bool = True
+    # Samples never trained on, for held-out evaluation (`python -m trainer eval`): the N
+    # with the smallest sample ids (a hash of their tokens), so the split does not depend
+    # on the file's order or the shuffle, and a duplicate of a held-out sample is held out too.
+    held_out: int = 0
     # "" = <cache dir>/tokenized (DFLASH_CACHE_DIR, else ~/.cache/dflash-tui).
     cache_dir: str = ""
     # Processes that tokenize on a cache miss: 0 = one per core (at most 16), 1 = in-process.
@@ -173,6 +177,7 @@ _RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "drafter.head_dim": (lambda v: v >= 0, _TARGETS_OR_POSITIVE),
     "data.seq_buckets[]": (lambda v: v >= 2, "must be an integer >= 2"),
     "data.tokenize_workers": (lambda v: v >= 0, "must be 0 (one per core) or more"),
+    "data.held_out": (lambda v: v >= 0, "must be 0 (none) or more samples"),
     "train.batch_size": (lambda v: v >= 1, _POSITIVE_INT),
     "train.num_anchors": (lambda v: v >= 1, _POSITIVE_INT),
     "train.lr": (lambda v: v > 0, "must be a positive number"),

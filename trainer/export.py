@@ -148,7 +148,7 @@ class Exported:
         )
 
 
-def _run_config(run_dir: Path) -> dict[str, Any]:
+def run_config(run_dir: Path) -> dict[str, Any]:
     if not run_dir.is_dir():
         raise ExportError(f"{run_dir}: no such run dir")
     try:
@@ -158,7 +158,7 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     return config
 
 
-def _checkpoint_of(run_dir: Path, step: int | None) -> tuple[Path, int]:
+def checkpoint_of(run_dir: Path, step: int | None) -> tuple[Path, int]:
     if step is not None:
         path = checkpoint_path(run_dir, step)
         if not path.is_file():
@@ -205,8 +205,8 @@ def export_drafter(
         raise ExportError(f"{out}: already exists; an export never overwrites (choose a new --out)")
     if not out.parent.is_dir():
         raise ExportError(f"{out.parent}: no such folder for --out")
-    config = _run_config(run_dir)
-    ckpt, chosen = _checkpoint_of(run_dir, step)
+    config = run_config(run_dir)
+    ckpt, chosen = checkpoint_of(run_dir, step)
     try:
         data = load_checkpoint(ckpt)
         arch = DrafterArch(
@@ -220,6 +220,7 @@ def export_drafter(
     check_weights(state, arch, str(ckpt))
     num_target_layers, max_positions, target_path, target_sha = _target_facts(config)
     mask_token = config.get("drafter", {}).get("mask_token") or None
+    held_eval = _held_out_eval(run_dir, chosen)
     tensors = {k: v.to(DTYPES[dtype]).contiguous() for k, v in state.items()}
 
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
@@ -237,12 +238,12 @@ def export_drafter(
             "checkpoint": str(ckpt.resolve()),
             "target": {"path": target_path, "config_sha256": target_sha},
             "dtype": dtype,
-            "held_out_tau": None,  # not measured: this trainer has no held-out evaluation yet
+            "held_out_eval": held_eval,  # `python -m trainer eval` of this step, if run
             "exported_at": time.time(),
         }
         (tmp / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
         (tmp / "README.md").write_text(
-            _readme(run_id, chosen, arch, target_path, target_sha, dtype)
+            _readme(run_id, chosen, arch, target_path, target_sha, dtype, held_eval)
         )
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
@@ -257,8 +258,39 @@ def export_drafter(
     return Exported(out, chosen, ckpt, dtype, len(tensors), size, time.monotonic() - t0)
 
 
+def _held_out_eval(run_dir: Path, step: int) -> dict[str, Any] | None:
+    """`python -m trainer eval`'s record of this step (trainer/evaluate.py), if it ran."""
+    path = run_dir / "eval" / f"step-{step:08d}.json"
+    try:
+        data = json.loads(path.read_bytes()[: 1 << 20])
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("tau"), int | float)
+    return data if ok else None
+
+
+def _tau_line(held_eval: dict[str, Any] | None) -> str:
+    if held_eval is None:
+        return (
+            "not measured for this step (`python -m trainer eval RUN_DIR --step N` measures\n"
+            "  it, and a later export quotes it)"
+        )
+    where = "held-out" if held_eval.get("held_out") else "trained-on (the run held nothing out)"
+    return (
+        f"**{held_eval['tau']:.2f}** of {held_eval.get('block_size')} on {where} samples\n"
+        f"  ({held_eval.get('prompts')} prompts × {held_eval.get('new_tokens')} new tokens, "
+        "greedy verification)"
+    )
+
+
 def _readme(
-    run_id: str, step: int, arch: DrafterArch, target: str, target_sha: str, dtype: str
+    run_id: str,
+    step: int,
+    arch: DrafterArch,
+    target: str,
+    target_sha: str,
+    dtype: str,
+    held_eval: dict[str, Any] | None,
 ) -> str:
     ids = ", ".join(map(str, arch.target_layer_ids))
     return f"""# DFlash drafter from run {run_id}, step {step}
@@ -271,8 +303,7 @@ A block-diffusion drafter: {arch.num_layers} layers, hidden size {arch.hidden_si
   with that target and its tokenizer.
 - **Format**: `config.json` and `model.safetensors` ({dtype}) as SpecForge's and SGLang's
   `DFlashDraftModel` load them (`architectures: ["DFlashDraftModel"]`, `dflash_config`).
-- **Held-out acceptance length τ**: not measured (this trainer has no held-out evaluation
-  yet); the training run's own `acc` and `streak` are in its metrics.jsonl.
+- **Acceptance length τ** (tokens per target verify step, bonus included): {_tau_line(held_eval)}.
 - **Provenance**: `{PROVENANCE}` (run, step, checkpoint, target).
 """
 

@@ -303,6 +303,10 @@ class Run:
         self._report_data(setup)
         if setup.warm_start:
             self.log.line(setup.warm_start)
+        if setup.held_out:
+            self.log.line(
+                f"held out {setup.held_out} samples (by id) for evaluation: never trained on"
+            )
         position = TrainPosition(step=0, batches=0, tokens=0)
         if checkpoint is not None:
             position = restore(setup, checkpoint)

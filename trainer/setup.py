@@ -27,6 +27,7 @@ from trainer.data import (
 )
 from trainer.export import warm_start
 from trainer.faults import FaultPlan
+from trainer.held_out import split_held_out
 from trainer.model import DFlashDrafter, DrafterArch
 from trainer.optim import make_optimizer
 from trainer.packing import packed_batches_per_epoch
@@ -167,6 +168,7 @@ class RunSetup:
     settings: LossSettings
     loader: Any = None  # TargetLoader until finish_loading()
     warm_start: str = ""  # what drafter.init_from loaded, for train.log
+    held_out: int = 0  # samples kept out of training (data.held_out)
 
     def finish_loading(self) -> None:
         """Wait for the target; give every drafter replica its real embedding and head."""
@@ -264,6 +266,7 @@ def build_run(
         vocab_size=info.vocab_size,
     )
     samples, report = data.samples, data.report
+    samples, held_out = split_held_out(samples, d.held_out)  # never trained on
     on_data(
         dataclasses.replace(data.info, packing=d.packing, truncated_tokens=report.truncated_tokens)
     )
@@ -328,4 +331,5 @@ def build_run(
         total_steps=total,
         settings=settings,
         warm_start=warmed,
+        held_out=len(held_out),
     )

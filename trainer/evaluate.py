@@ -1,0 +1,124 @@
+"""Held-out acceptance length: a run's checkpoint decoding for real on samples it never
+trained on (`data.held_out`, trainer/held_out.py), through trainer/speculative.py.
+
+    python -m trainer eval RUN_DIR [--step N] [--prompts 8] [--new-tokens 64] [--device cpu]
+
+Each prompt is a held-out sample up to its first loss token (the conversation before the
+assistant's answer), at most `--prompt-len` tokens. The whole target verifies (its logits),
+loaded from the run's `target.path`; the drafter is the checkpoint's. The result goes to
+`RUN_DIR/eval/step-N.json` (and `export` quotes it in its README). A run that held nothing
+out is evaluated on the samples the same rule would have held out, and says that it trained
+on them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.data import Sample
+from trainer.export import ExportError, checkpoint_of, run_config
+from trainer.fsutil import atomic_write_json
+from trainer.held_out import split_held_out
+from trainer.model import DFlashDrafter, DrafterArch
+from trainer.speculative import DecodeStats, drafter_proposer, speculative_decode
+
+EVAL_DIR = "eval"
+
+
+def prompt_of(sample: Sample, prompt_len: int) -> list[int]:
+    """The tokens before the first one trained on (a chat's prompt), else the first half."""
+    first = next((i for i, m in enumerate(sample.loss_mask) if m), None)
+    end = first if first else len(sample.input_ids) // 2
+    return sample.input_ids[max(0, end - prompt_len) : end]
+
+
+def eval_path(run_dir: Path, step: int) -> Path:
+    return run_dir / EVAL_DIR / f"step-{step:08d}.json"
+
+
+def evaluate(
+    run_dir: Path,
+    step: int | None = None,
+    prompts: int = 8,
+    new_tokens: int = 64,
+    prompt_len: int = 512,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from trainer.config import ConfigError, config_from_dict
+    from trainer.data import resolve_data_path
+    from trainer.target import load_tokenizer, read_target_info, resolve_dtype
+    from trainer.tiny_target import resolve_target_path
+    from trainer.tokenized import load_tokenized
+
+    t0 = time.monotonic()
+    saved = run_config(run_dir)
+    try:
+        cfg = config_from_dict(saved, str(run_dir / "config.json"))
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
+    ckpt, chosen = checkpoint_of(run_dir, step)
+    try:
+        dev = torch.device(device)
+        target_path = resolve_target_path(cfg.target.path)
+        tokenizer, _mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
+        dtype = resolve_dtype(cfg.target.dtype, dev)
+        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
+        model = model.to(dev).eval()  # type: ignore[arg-type]
+        data = load_tokenized(  # as training loaded them: the same samples, the same split
+            resolve_data_path(cfg.data.path), tokenizer, cfg.data.format,
+            max(cfg.data.seq_buckets), lambda _m: None,
+            cache_root=Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else None,
+            use_cache=cfg.data.cache, vocab_size=read_target_info(target_path).vocab_size,
+        )  # fmt: skip
+    except (ValueError, OSError, RuntimeError) as e:
+        raise ExportError(f"evaluating {run_dir}: {str(e).splitlines()[0][:200]}") from None
+    held_out = cfg.data.held_out
+    _, held = split_held_out(data.samples, held_out or prompts)
+    chosen_prompts = [p for s in held if (p := prompt_of(s, prompt_len))][:prompts]
+    if not chosen_prompts:
+        raise ExportError(f"{run_dir}: no held-out sample has a prompt to decode from")
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    a = state["arch"]
+    arch = DrafterArch(**{**a, "target_layer_ids": tuple(a["target_layer_ids"])})
+    embed = model.get_input_embeddings().weight
+    drafter = DFlashDrafter(arch, embed, model.get_output_embeddings().weight)
+    drafter.load_state_dict(state["model"], strict=False)
+    drafter = drafter.to(device=dev, dtype=dtype).eval()
+    propose = drafter_proposer(drafter)
+    layer_ids = list(arch.target_layer_ids)
+    stats = DecodeStats(arch.block_size)
+    for prompt in chosen_prompts:
+        _, one = speculative_decode(model, layer_ids, propose, prompt, new_tokens, arch.block_size)
+        stats.add(one)
+    result = {
+        "run_id": saved.get("run", {}).get("run_id", run_dir.name),
+        "step": chosen,
+        "held_out": held_out > 0,
+        "prompts": len(chosen_prompts),
+        "new_tokens": new_tokens,
+        "device": str(dev),
+        **stats.summary(),
+        "seconds": round(time.monotonic() - t0, 2),
+        "at": time.time(),
+    }
+    out = eval_path(run_dir, chosen)
+    out.parent.mkdir(exist_ok=True)
+    atomic_write_json(out, result)
+    return result
+
+
+def describe(r: dict[str, Any]) -> str:
+    where = "held-out" if r["held_out"] else "TRAINED-ON (the run held nothing out: data.held_out)"
+    shares = " ".join(f"{x:.2f}" for x in r["per_position"][:6])
+    return (
+        f"step {r['step']}: {where} τ {r['tau']:.2f} of {r['block_size']} over {r['prompts']} "
+        f"prompts × {r['new_tokens']} tokens; accepted by position {shares} …; "
+        f"{r['tok_s']} tok/s on {r['device']} ({r['seconds']:.1f}s)"
+    )
