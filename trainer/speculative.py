@@ -97,7 +97,7 @@ def drafter_proposer(drafter: Any) -> Proposer:
         context = drafter.fuse_context(feats[None].to(dtype))
         positions = position + torch.arange(bs, device=device)[None]
         hidden = drafter(block, positions, context, None)
-        return drafter.logits(hidden[:, 1:]).argmax(-1)[0].tolist()  # type: ignore[no-any-return]
+        return drafter.logits(hidden[:, 1:]).argmax(-1)[0].tolist()
 
     return propose
 
