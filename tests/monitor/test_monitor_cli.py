@@ -70,20 +70,35 @@ def test_status_is_one_line_and_exit_codes(running):
     assert snap["state"]["run_id"] == run_dir.name and snap["findings"] == []
 
 
-def test_headless_lines_pass_step_lines_and_sigint_leaves_the_run(running):
+def headless_until(where, extra, enough, tmp_path, sig, timeout=60):
+    """`dflash-tui --headless` writing into a file (as `> file` in tmux) until `enough(text)`,
+    then signalled: a fixed sleep is too short on a loaded host (CI ran two at once)."""
+    out_path = tmp_path / f"headless-{len(list(tmp_path.glob('headless-*')))}.txt"
+    with open(out_path, "w") as out, open(out_path.with_suffix(".err"), "w") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "dflash_tui", *where, "--headless", *extra, "--interval", "0.5"],
+            stdout=out, stderr=err, text=True, cwd=ROOT, env={**os.environ, "NO_COLOR": "1"},
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not enough(out_path.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        p.send_signal(sig)
+        p.wait(timeout=20)
+    return p.returncode, out_path.read_text(), out_path.with_suffix(".err").read_text()
+
+
+def test_headless_lines_pass_step_lines_and_sigint_leaves_the_run(running, tmp_path):
     where, _run_dir = running
-    p = subprocess.Popen(
-        [sys.executable, "-m", "dflash_tui", *where, "--headless", "--interval", "0.5"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-    time.sleep(4)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=20)
-    assert p.returncode == 0, err
+
+    def status_and_steps(text):
+        lines = text.splitlines()
+        return (
+            len([ln for ln in lines if "| step " in ln]) >= 3
+            and [ln for ln in lines if ln.startswith("[") and " step=" in ln] != []
+        )
+
+    code, out, err = headless_until(where, [], status_and_steps, tmp_path, signal.SIGINT)
+    assert code == 0, err
     lines = out.splitlines()
     status = [ln for ln in lines if "| step " in ln]
     steps = [ln for ln in lines if ln.startswith("[") and " step=" in ln]
@@ -95,22 +110,25 @@ def test_headless_lines_pass_step_lines_and_sigint_leaves_the_run(running):
     assert again.returncode == 0 and "training" in again.stdout
 
 
-def test_json_lines_carry_events(running):
+def test_json_lines_carry_events(running, tmp_path):
     where, _ = running
-    p = subprocess.Popen(
-        [sys.executable, "-m", "dflash_tui", *where, "--headless", "--json", "--interval", "0.5"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+    wanted = {"hello", "follow", "heartbeat", "line", "runs"}
+
+    def types(text):
+        objs = []
+        for ln in text.splitlines():
+            try:
+                objs.append(json.loads(ln))
+            except ValueError:  # the line being written as we read
+                continue
+        return {o["event"]["type"] for o in objs if o["kind"] == "event"}, {o["kind"] for o in objs}
+
+    _, out, _ = headless_until(
+        where, ["--json"], lambda t: wanted <= types(t)[0], tmp_path, signal.SIGTERM
     )
-    time.sleep(3)
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=20)
-    objs = [json.loads(ln) for ln in out.splitlines()]
-    kinds = {o["kind"] for o in objs}
+    events, kinds = types(out)
     assert kinds == {"event", "snapshot"}
-    types = {o["event"]["type"] for o in objs if o["kind"] == "event"}
-    assert {"hello", "follow", "heartbeat", "line", "runs"} <= types
+    assert wanted <= events
 
 
 def test_a_crashed_run_is_critical_and_shows_why(tmp_path):

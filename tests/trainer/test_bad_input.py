@@ -221,11 +221,11 @@ PATHOLOGICAL: list[tuple[bytes, str]] = [
     (b"[1, 2]", "not a JSON object"),
     (b"null", "not a JSON object"),
     (b'"just a string"', "not a JSON object"),
-    (b"{}", "no 'conversations' or 'text' key"),
+    (b"{}", "no 'conversations', 'text' or 'input_ids' key"),
     (b'{"text": 7}', "empty text"),
     (b'{"conversations": {"role": "user"}}', "'conversations' is not a non-empty list"),
     (b'{"conversations": [{"role": ' + b"[" * 50_000 + b"]", "invalid JSON (nested too deep)"),
-    (b'{"input_ids": [-1, 99999999]}', "no 'conversations' or 'text' key"),
+    (b'{"input_ids": [-1, 99999999]}', "'loss_mask' is not a list as long as 'input_ids'"),
     (b"x" * 3_000_000, "invalid JSON"),  # a giant line
 ]
 
@@ -254,6 +254,31 @@ def test_pathological_lines_are_skipped_counted_and_named(tmp_path: Path, tiny_t
     ]
     assert warnings[:-1] == expected
     assert warnings[-1].startswith(f"data: {path}: skipped {len(PATHOLOGICAL)} of 55 lines (")
+
+
+def test_tokens_lines_are_checked_like_any_other(tmp_path: Path, tiny_tokenizer) -> None:
+    """The `tokens` format (`python -m trainer regenerate` writes it) is input too."""
+    path = tmp_path / "data.jsonl"
+    lines = [
+        b'{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}',
+        b'{"input_ids": [-1, 9], "loss_mask": [0, 1]}',
+        b'{"input_ids": [1, true], "loss_mask": [0, 1]}',
+        b'{"input_ids": [1, 2], "loss_mask": [0, 2]}',
+        b'{"input_ids": [], "loss_mask": []}',
+        b'{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}',
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    warnings: list[str] = []
+    samples, report = load_samples(path, tiny_tokenizer, warn=warnings.append, vocab_size=1000)
+    assert [s.input_ids for s in samples] == [[5, 6, 7]] and samples[0].loss_mask == [0, 1, 1]
+    assert warnings[:-1] == [
+        f"data: {path}:2: skipped (token id -1 outside the target's vocabulary (1000))",
+        f"data: {path}:3: skipped ('input_ids' holds something other than integers)",
+        f"data: {path}:4: skipped ('loss_mask' holds something other than 0 and 1)",
+        f"data: {path}:5: skipped ('input_ids' is not a non-empty list)",
+        f"data: {path}:6: skipped ('loss_mask' is not a list as long as 'input_ids')",
+    ]
+    assert report.skipped == 5
 
 
 def test_token_ids_outside_the_targets_vocabulary_are_skipped(tmp_path: Path, tiny_tokenizer):

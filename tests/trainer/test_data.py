@@ -131,7 +131,7 @@ def test_malformed_lines_are_skipped_with_their_line_numbers(
     bad: list[tuple[Any, str]] = [
         ('{"conversations": [', "invalid JSON"),
         ("[1, 2]", "not a JSON object"),
-        ({"prompt": "a"}, "no 'conversations' or 'text' key"),
+        ({"prompt": "a"}, "no 'conversations', 'text' or 'input_ids' key"),
         ({"conversations": "a b"}, "'conversations' is not a non-empty list"),
         ({"conversations": []}, "'conversations' is not a non-empty list"),
         ({"conversations": ["a b"]}, "a turn is not an object"),
