@@ -4,6 +4,7 @@
     python -m trainer --resume runs/<run_id> [--set train.max_steps=2000]
     python -m trainer export runs/<run_id> --out DIR [--step N]   (trainer/export_cli.py)
     python -m trainer eval runs/<run_id> [--step N] [--prompts K]  (trainer/eval_cli.py)
+    python -m trainer regenerate --config CFG --out FILE.jsonl      (trainer/regenerate_cli.py)
 
 Exit codes: 0 finished (or stopped by SIGTERM after a checkpoint), 1 crashed, 2 bad input.
 """
@@ -152,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.eval_cli import main as eval_main
 
         return eval_main(argv[1:])
+    if argv[:1] == ["regenerate"]:
+        from trainer.regenerate_cli import main as regenerate_main
+
+        return regenerate_main(argv[1:])
     args = parse_args(argv)
     started = time.time()
     try:

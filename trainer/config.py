@@ -57,7 +57,8 @@ class DataConfig:
     # A JSONL file, "builtin:synthetic-chat" (the shipped learnable dataset) or
     # "builtin:synthetic-sharegpt" (multi-turn, real chat lengths; generated on first use).
     path: str = "builtin:synthetic-chat"
-    # "auto" (decided per line), "sharegpt" or "text".
+    # "auto" (decided per line), "sharegpt", "text" or "tokens" (input_ids + loss_mask, as
+    # `python -m trainer regenerate` writes).
     format: str = "auto"
     # Sequences are right-padded to the smallest bucket that holds them (static shapes).
     seq_buckets: list[int] = field(default_factory=lambda: [2048])
@@ -150,7 +151,7 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "target.dtype": ("auto", "bfloat16", "float16", "float32"),
-    "data.format": ("auto", "sharegpt", "text"),
+    "data.format": ("auto", "sharegpt", "text", "tokens"),
     "train.loss_impl": ("fused", "checkpoint"),
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),

@@ -200,6 +200,21 @@ def _text_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> 
     return Sample(input_ids=ids, loss_mask=[1] * len(ids))
 
 
+def _tokens_sample(record: dict[str, Any]) -> Sample:
+    """Already tokenized (`python -m trainer regenerate` writes these): `input_ids` and a
+    `loss_mask` of 0/1 of the same length, with at least one token trained on."""
+    ids, mask = record["input_ids"], record.get("loss_mask")
+    if not isinstance(ids, list) or not ids:
+        raise _Skip("'input_ids' is not a non-empty list")
+    if not all(type(i) is int for i in ids):
+        raise _Skip("'input_ids' holds something other than integers")
+    if not isinstance(mask, list) or len(mask) != len(ids):
+        raise _Skip("'loss_mask' is not a list as long as 'input_ids'")
+    if not all(type(m) is int and m in (0, 1) for m in mask):
+        raise _Skip("'loss_mask' holds something other than 0 and 1")
+    return Sample(input_ids=ids, loss_mask=mask)
+
+
 def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str, **kwargs: Any) -> Any:
     try:
         return tokenizer(text, **kwargs)
@@ -241,8 +256,14 @@ def _parse_line(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sam
             kind = "sharegpt"
         elif "text" in record:
             kind = "text"
+        elif "input_ids" in record:
+            kind = "tokens"
         else:
-            raise _Skip("no 'conversations' or 'text' key")
+            raise _Skip("no 'conversations', 'text' or 'input_ids' key")
+    if kind == "tokens":
+        if "input_ids" not in record:
+            raise _Skip("no 'input_ids' key (data.format = tokens)")
+        return _tokens_sample(record)
     if kind == "sharegpt":
         if "conversations" not in record:
             raise _Skip("no 'conversations' key (data.format = sharegpt)")
