@@ -233,6 +233,7 @@ async def restarted(pilot, app: DFlashApp) -> str:
     return done[-1].removeprefix("restarted as ")
 
 
+@pytest.mark.serial  # kill, restart twice and a drain on one host: not beside another trainer
 def test_control_keys_drive_the_real_run(live_remote):
     target, run_id, _r = live_remote
 
