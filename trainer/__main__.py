@@ -17,11 +17,11 @@ import os
 import socket
 import sys
 import time
-import typing
 import zipfile
 from pathlib import Path
 from typing import Any
 
+from trainer.cli_args import OneLineParser
 from trainer.compile_cache import configure_compile_cache
 from trainer.config import (
     Config,
@@ -36,14 +36,8 @@ from trainer.fsutil import atomic_write_json
 from trainer.run_dir import create_run_dir, is_run_dir
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        """One line and exit 2, like every other bad input (argparse adds a usage line)."""
-        self.exit(2, f"error: {one_line(message)} (see python -m trainer --help)\n")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = _Parser(prog="python -m trainer", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, help="TOML config (see trainer/configs/)")
     p.add_argument("--run-root", type=Path, default=Path("runs"), help="parent of run dirs")
     p.add_argument(

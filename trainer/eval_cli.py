@@ -6,31 +6,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 
+from trainer.cli_args import OneLineParser, positive_int
 from trainer.config import one_line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {one_line(message)} (see python -m trainer eval --help)\n")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
-    return value
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m trainer eval", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m trainer eval", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path, help="the run dir whose checkpoint to evaluate")
     p.add_argument("--step", type=int, help="this checkpoint (default: the newest good one)")
-    p.add_argument("--prompts", type=_positive, default=8, help="held-out prompts (default 8)")
-    p.add_argument("--new-tokens", type=_positive, default=64, help="per prompt (default 64)")
-    p.add_argument("--prompt-len", type=_positive, default=512, help="at most (default 512)")
+    p.add_argument("--prompts", type=positive_int, default=8, help="held-out prompts (default 8)")
+    p.add_argument("--new-tokens", type=positive_int, default=64, help="per prompt (default 64)")
+    p.add_argument("--prompt-len", type=positive_int, default=512, help="at most (default 512)")
     p.add_argument("--device", default="cpu", help="where to decode, e.g. cuda:0 (default cpu)")
     return p.parse_args(argv)
 

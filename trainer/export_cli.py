@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 
+from trainer.cli_args import OneLineParser
 from trainer.config import one_line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {one_line(message)} (see python -m trainer export --help)\n")
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m trainer export", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m trainer export", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path, help="the run dir whose drafter to export")
     p.add_argument("--out", type=Path, required=True, help="a new folder (never overwritten)")
     p.add_argument("--step", type=int, help="this checkpoint (default: the newest good one)")

@@ -6,33 +6,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from pathlib import Path
 
+from trainer.cli_args import OneLineParser, positive_int
 from trainer.config import ConfigError, load_config, one_line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"error: {one_line(message)} (see python -m trainer regenerate --help)\n")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
-    return value
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m trainer regenerate", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m trainer regenerate", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, required=True, help="TOML config: target and data")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", type=Path, required=True, help="a new JSONL file (never overwritten)")
-    p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--device", default="cpu", help="e.g. cuda:0 (default cpu)")
-    p.add_argument("--batch", type=_positive, default=64, help="prompts of one length at once")
-    p.add_argument("--limit", type=_positive, help="only the first N samples")
+    p.add_argument("--batch", type=positive_int, default=64, help="prompts of one length at once")
+    p.add_argument("--limit", type=positive_int, help="only the first N samples")
     return p.parse_args(argv)
 
 
