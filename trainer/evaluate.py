@@ -14,16 +14,18 @@ on them.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.config import Config
 from trainer.data import Sample
-from trainer.export import ExportError, checkpoint_of, run_config
+from trainer.export import ExportError, checkpoint_of, read_drafter, run_config
 from trainer.fsutil import atomic_write_json
 from trainer.held_out import split_held_out
-from trainer.model import DFlashDrafter, DrafterArch
+from trainer.model import DFlashDrafter
 from trainer.speculative import DecodeStats, drafter_proposer, speculative_decode
 
 EVAL_DIR = "eval"
@@ -40,6 +42,44 @@ def eval_path(run_dir: Path, step: int) -> Path:
     return run_dir / EVAL_DIR / f"step-{step:08d}.json"
 
 
+@dataclass
+class Decoding:
+    """What decoding with a run's whole target needs: the model, its tokenizer, and the data's
+    samples loaded as training loaded them (the same samples, so the same held-out split)."""
+
+    model: Any
+    tokenizer: Any
+    dtype: torch.dtype
+    device: torch.device
+    samples: list[Sample]
+
+
+def load_for_decoding(cfg: Config, device: str, what: str) -> Decoding:
+    from transformers import AutoModelForCausalLM
+
+    from trainer.data import resolve_data_path
+    from trainer.target import load_tokenizer, read_target_info, resolve_dtype
+    from trainer.tiny_target import resolve_target_path
+    from trainer.tokenized import load_tokenized
+
+    try:
+        dev = torch.device(device)
+        target_path = resolve_target_path(cfg.target.path)
+        tokenizer, _mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
+        dtype = resolve_dtype(cfg.target.dtype, dev)
+        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
+        model = model.to(dev).eval()  # type: ignore[arg-type]
+        data = load_tokenized(
+            resolve_data_path(cfg.data.path), tokenizer, cfg.data.format,
+            max(cfg.data.seq_buckets), lambda _m: None,
+            cache_root=Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else None,
+            use_cache=cfg.data.cache, vocab_size=read_target_info(target_path).vocab_size,
+        )  # fmt: skip
+    except (ValueError, OSError, RuntimeError) as e:
+        raise ExportError(f"{what}: {str(e).splitlines()[0][:200]}") from None
+    return Decoding(model, tokenizer, dtype, dev, data.samples)
+
+
 def evaluate(
     run_dir: Path,
     step: int | None = None,
@@ -48,13 +88,7 @@ def evaluate(
     prompt_len: int = 512,
     device: str = "cpu",
 ) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
     from trainer.config import ConfigError, config_from_dict
-    from trainer.data import resolve_data_path
-    from trainer.target import load_tokenizer, read_target_info, resolve_dtype
-    from trainer.tiny_target import resolve_target_path
-    from trainer.tokenized import load_tokenized
 
     t0 = time.monotonic()
     saved = run_config(run_dir)
@@ -63,34 +97,19 @@ def evaluate(
     except ConfigError as e:
         raise ExportError(str(e)) from None
     ckpt, chosen = checkpoint_of(run_dir, step)
-    try:
-        dev = torch.device(device)
-        target_path = resolve_target_path(cfg.target.path)
-        tokenizer, _mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
-        dtype = resolve_dtype(cfg.target.dtype, dev)
-        model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
-        model = model.to(dev).eval()  # type: ignore[arg-type]
-        data = load_tokenized(  # as training loaded them: the same samples, the same split
-            resolve_data_path(cfg.data.path), tokenizer, cfg.data.format,
-            max(cfg.data.seq_buckets), lambda _m: None,
-            cache_root=Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else None,
-            use_cache=cfg.data.cache, vocab_size=read_target_info(target_path).vocab_size,
-        )  # fmt: skip
-    except (ValueError, OSError, RuntimeError) as e:
-        raise ExportError(f"evaluating {run_dir}: {str(e).splitlines()[0][:200]}") from None
+    arch, state = read_drafter(ckpt)  # before the target loads: a bad checkpoint costs nothing
+    dec = load_for_decoding(cfg, device, f"evaluating {run_dir}")
     held_out = cfg.data.held_out
-    _, held = split_held_out(data.samples, held_out or prompts)
+    _, held = split_held_out(dec.samples, held_out or prompts)
     chosen_prompts = [p for s in held if (p := prompt_of(s, prompt_len))][:prompts]
     if not chosen_prompts:
         raise ExportError(f"{run_dir}: no held-out sample has a prompt to decode from")
 
-    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    a = state["arch"]
-    arch = DrafterArch(**{**a, "target_layer_ids": tuple(a["target_layer_ids"])})
+    model = dec.model
     embed = model.get_input_embeddings().weight
     drafter = DFlashDrafter(arch, embed, model.get_output_embeddings().weight)
-    drafter.load_state_dict(state["model"], strict=False)
-    drafter = drafter.to(device=dev, dtype=dtype).eval()
+    drafter.load_state_dict(state, strict=False)
+    drafter = drafter.to(device=dec.device, dtype=dec.dtype).eval()
     propose = drafter_proposer(drafter)
     layer_ids = list(arch.target_layer_ids)
     stats = DecodeStats(arch.block_size)
@@ -103,7 +122,7 @@ def evaluate(
         "held_out": held_out > 0,
         "prompts": len(chosen_prompts),
         "new_tokens": new_tokens,
-        "device": str(dev),
+        "device": str(dec.device),
         **stats.summary(),
         "seconds": round(time.monotonic() - t0, 2),
         "at": time.time(),

@@ -177,6 +177,20 @@ def checkpoint_of(run_dir: Path, step: int | None) -> tuple[Path, int]:
     return run_dir / choice.name, choice.step
 
 
+def read_drafter(ckpt: Path) -> tuple[DrafterArch, dict[str, torch.Tensor]]:
+    """A checkpoint's drafter: its shape and its weights, all there, shaped right, finite."""
+    try:
+        data = load_checkpoint(ckpt)
+        arch = DrafterArch.from_dict(data["arch"])
+        state: dict[str, torch.Tensor] = data["model"]
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise ExportError(
+            f"{ckpt}: unreadable checkpoint ({str(e).splitlines()[0][:160]})"
+        ) from None
+    check_weights(state, arch, str(ckpt))
+    return arch, state
+
+
 def _target_facts(config: dict[str, Any]) -> tuple[int, int | None, str, str]:
     """(num_layers, max_positions, target path, sha256 of its config.json) of the run's target."""
     from trainer.target import read_target_info
@@ -207,17 +221,7 @@ def export_drafter(
         raise ExportError(f"{out.parent}: no such folder for --out")
     config = run_config(run_dir)
     ckpt, chosen = checkpoint_of(run_dir, step)
-    try:
-        data = load_checkpoint(ckpt)
-        arch = DrafterArch(
-            **{**data["arch"], "target_layer_ids": tuple(data["arch"]["target_layer_ids"])}
-        )
-        state: dict[str, torch.Tensor] = data["model"]
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-        raise ExportError(
-            f"{ckpt}: unreadable checkpoint ({str(e).splitlines()[0][:160]})"
-        ) from None
-    check_weights(state, arch, str(ckpt))
+    arch, state = read_drafter(ckpt)
     num_target_layers, max_positions, target_path, target_sha = _target_facts(config)
     mask_token = config.get("drafter", {}).get("mask_token") or None
     held_eval = _held_out_eval(run_dir, chosen)

@@ -45,6 +45,11 @@ class DrafterArch:
         d["target_layer_ids"] = list(self.target_layer_ids)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DrafterArch:
+        """What `to_dict` wrote (a checkpoint's `arch`)."""
+        return cls(**{**d, "target_layer_ids": tuple(d["target_layer_ids"])})
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from trainer.config import Config
-from trainer.evaluate import prompt_of
+from trainer.evaluate import load_for_decoding, prompt_of
 from trainer.export import ExportError
 
 
@@ -64,13 +64,6 @@ def regenerate(
     prompt_len: int = 1024,
     say: Any = print,
 ) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM
-
-    from trainer.data import resolve_data_path
-    from trainer.target import load_tokenizer, read_target_info, resolve_dtype
-    from trainer.tiny_target import resolve_target_path
-    from trainer.tokenized import load_tokenized
-
     t0 = time.monotonic()
     if out.exists() or out.is_symlink():
         raise ExportError(
@@ -78,26 +71,13 @@ def regenerate(
         )
     if not out.parent.is_dir():
         raise ExportError(f"{out.parent}: no such folder for --out")
-    try:
-        dev = torch.device(device)
-        target_path = resolve_target_path(cfg.target.path)
-        tokenizer, _ = load_tokenizer(target_path, cfg.drafter.mask_token)
-        model = AutoModelForCausalLM.from_pretrained(
-            target_path, dtype=resolve_dtype(cfg.target.dtype, dev)
-        )
-        model = model.to(dev).eval()  # type: ignore[arg-type]
-        data = load_tokenized(
-            resolve_data_path(cfg.data.path), tokenizer, cfg.data.format,
-            max(cfg.data.seq_buckets), lambda _m: None,
-            vocab_size=read_target_info(target_path).vocab_size,
-        )  # fmt: skip
-    except (ValueError, OSError, RuntimeError) as e:
-        raise ExportError(f"regenerate: {str(e).splitlines()[0][:200]}") from None
-    limit_n = len(data.samples) if limit is None else limit
-    prompts = [p for s in data.samples[:limit_n] if (p := prompt_of(s, prompt_len))]
+    dec = load_for_decoding(cfg, device, "regenerate")
+    model, tokenizer = dec.model, dec.tokenizer
+    limit_n = len(dec.samples) if limit is None else limit
+    prompts = [p for s in dec.samples[:limit_n] if (p := prompt_of(s, prompt_len))]
     if not prompts:
         raise ExportError(f"{cfg.data.path}: no sample has a prompt to answer")
-    say(f"regenerate: {len(prompts)} prompts, up to {max_new} new tokens each, on {dev}")
+    say(f"regenerate: {len(prompts)} prompts, up to {max_new} new tokens each, on {dec.device}")
     answers = greedy_answers(model, prompts, max_new, tokenizer.eos_token_id, batch)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     tokens = 0

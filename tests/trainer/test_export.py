@@ -64,8 +64,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> 
 
 def ours_from(run_dir: Path, target_dir: Path) -> tuple[DFlashDrafter, DrafterArch, LoadedTarget]:
     data = load_checkpoint(sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1])
-    a = data["arch"]
-    arch = DrafterArch(**{**a, "target_layer_ids": tuple(a["target_layer_ids"])})
+    arch = DrafterArch.from_dict(data["arch"])
     target = load_target(
         target_dir, list(arch.target_layer_ids), torch.float32, torch.device("cpu")
     )
