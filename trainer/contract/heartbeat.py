@@ -16,7 +16,8 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      (how the data loaded: tokenization cache hit or miss, the load's time, lines, samples,
      tokens; packing and the padding share of recent batches); `ThreadInfo.stages_ms`,
      where each pipeline thread's loop spends its time (`STAGE_*`); compile progress
-     (`CompileInfo.current`, `expected_graphs`, `last_s`).
+     (`CompileInfo.current`, `expected_graphs`, `last_s`); `eval`, held-out acceptance
+     length during training (trainer/contract/evaluation.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.contract.environment import Preflight
+from trainer.contract.evaluation import EvalInfo
 from trainer.contract.phases import (
     FINAL_PHASES,
     LOADING_TARGET,
@@ -264,6 +266,7 @@ class Heartbeat:
     proc_start: int | None = None
     data: DataInfo | None = None  # None: an older trainer, or before the data has loaded
     preflight: Preflight | None = None  # None: not run yet, or an older trainer
+    eval: EvalInfo | None = None  # None: the run evaluates nothing, or an older trainer
 
     @property
     def process_group(self) -> int:

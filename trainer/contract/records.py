@@ -14,6 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainer.contract.evaluation import EvalResult
 from trainer.contract.heartbeat import DeviceMemory
 from trainer.contract.steplines import StepLine, step_line
 from trainer.contract.typed import Invalid, Unreadable, decode, encode, parse_json, read_bounded
@@ -108,6 +109,8 @@ class MetricsRow:
     padding: float | None = None
     # {thread name: {stage: median ms per iteration}} at the row's time (ThreadInfo.stages_ms)
     stages_ms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # The held-out eval that finished since the row before (trainer/contract/evaluation.py).
+    eval: EvalResult | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
