@@ -147,6 +147,10 @@ class LoadedTarget:
     lm_head_weight: Tensor
     info: TargetInfo
     layer_ids: list[int]
+    # The truncated HF model itself (its norm and lm_head loaded): trainer/whole_target.py
+    # adds the dropped layers to it for the held-out eval's verification.
+    model: Any = None
+    path: Path | None = None
 
 
 # The architectures a target may be saved as (config.json's `architectures`), by the
@@ -275,6 +279,8 @@ def load_target(
         lm_head_weight=head,
         info=info,
         layer_ids=list(layer_ids),
+        model=model,
+        path=path,
     )
 
 
