@@ -32,6 +32,8 @@ BUILTIN_DATASETS = {
     "synthetic-text": "synthetic-text.jsonl",
     # Not shipped: generated into the cache on first use (trainer/synthetic_sharegpt.py).
     "synthetic-sharegpt": "",
+    # Not shipped: builtin:tiny-qwen3-chat's answers (trainer/tiny_chat_target.py).
+    "tiny-chat-answers": "",
 }
 DATASETS_DIR = Path(__file__).parent / "datasets"
 MAX_WARNINGS = 20
@@ -107,6 +109,11 @@ def resolve_data_path(path: str) -> Path:
             from trainer.tiny_target import cache_dir
 
             resolved = ensure_dataset(cache_dir())
+        elif name == "tiny-chat-answers":
+            from trainer.tiny_chat_target import ensure_answers
+            from trainer.tiny_target import cache_dir
+
+            resolved = ensure_answers(cache_dir())
         else:
             resolved = DATASETS_DIR / BUILTIN_DATASETS[name]
     else:

@@ -6,6 +6,9 @@ CPU in seconds; their weights are random, so only the data's structure is learna
 into the cache on first use:
 
 - "builtin:tiny-qwen3": Qwen3 (full attention), `Qwen3ForCausalLM`;
+- "builtin:tiny-qwen3-chat": that Qwen3 trained briefly on synthetic chats
+  (trainer/tiny_chat_target.py): its answers follow the chats' patterns, so a drafter's
+  held-out acceptance length against it means something;
 - "builtin:tiny-qwen3.5": the Qwen3.5/3.6 hybrid (3 Gated DeltaNet layers : 1 full
   attention, partial rotary, gated attention output), saved as the operators' real target
   is: the multimodal wrapper `Qwen3_5ForConditionalGeneration` (a tiny vision tower too).
@@ -13,6 +16,7 @@ into the cache on first use:
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -42,9 +46,11 @@ CHAT_TEMPLATE = (
 # name -> (cache folder, family)
 BUILTIN_TARGETS = {
     "tiny-qwen3": ("tiny-qwen3-v2", "qwen3"),
+    "tiny-qwen3-chat": ("tiny-qwen3-chat-v1", "qwen3-chat"),
     "tiny-qwen3.5": ("tiny-qwen3.5-v1", "qwen3.5"),
 }
 FAMILIES = ("qwen3", "qwen3.5", "qwen3.5-text")
+TRAINED = {"qwen3-chat": "qwen3"}  # a trained family -> the family it starts from
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -179,7 +185,13 @@ def _write_target(out_dir: Path, seed: int, family: str = "qwen3") -> None:
     pad_id = tokenizer.pad_token_id
     # Like Qwen3: no BOS is ever prepended, <|endoftext|> stands in as bos and pad.
     ids = dict(bos_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id)
-    model = build_tiny_model(family, _padded_vocab_size(len(tokenizer)), seed, **ids)
+    model = build_tiny_model(
+        TRAINED.get(family, family), _padded_vocab_size(len(tokenizer)), seed, **ids
+    )
+    if family in TRAINED:
+        from trainer.tiny_chat_target import train_chat
+
+        train_chat(model, tokenizer, lambda line: print(line, flush=True))
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
@@ -225,9 +237,14 @@ def resolve_target_path(path: str) -> Path:
         cached, family = BUILTIN_TARGETS[name]
         out_dir = cache_dir() / cached
         if not (out_dir / "config.json").is_file():
-            # stdout: stderr is for errors (bad input is one line there)
-            print(f"target: building {path} into {out_dir} (once)", flush=True)
-            build_tiny_target(out_dir, family=family)
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            # One build however many trainers start at once (a trained one takes a minute).
+            with open(out_dir.parent / f".{cached}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (out_dir / "config.json").is_file():
+                    # stdout: stderr is for errors (bad input is one line there)
+                    print(f"target: building {path} into {out_dir} (once)", flush=True)
+                    build_tiny_target(out_dir, family=family)
         return out_dir
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
