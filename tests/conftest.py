@@ -49,6 +49,29 @@ def tiny_target_dir(dflash_cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:tiny-qwen3-chat and builtin:tiny-chat-answers in this session's cache. Their
+    build trains a model (~1.5 min on two cores): made once for all xdist workers, in a folder
+    they share (under a lock), and copied into each worker's cache."""
+    import shutil
+
+    from trainer.tiny_chat_target import ANSWERS, ensure_answers
+    from trainer.tiny_target import BUILTIN_TARGETS
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DFLASH_CACHE_DIR", str(shared))
+        answers = ensure_answers(shared)
+    target = BUILTIN_TARGETS["tiny-qwen3-chat"][0]
+    if not (dflash_cache_dir / target).exists():
+        shutil.copytree(shared / target, dflash_cache_dir / target)
+    (dflash_cache_dir / "datasets").mkdir(exist_ok=True)
+    shutil.copy(answers, dflash_cache_dir / "datasets" / f"{ANSWERS}.jsonl")
+    return dflash_cache_dir
+
+
+@pytest.fixture(scope="session")
 def tiny_hybrid_target_dir(dflash_cache_dir: Path) -> Path:
     """The builtin tiny Qwen3.5 hybrid target, saved as the multimodal wrapper."""
     from trainer.tiny_target import resolve_target_path

@@ -134,6 +134,20 @@ class RuntimeConfig:
 
 
 @dataclass
+class EvalConfig:
+    # Every N optimizer steps (and at the last), the eval thread decodes held-out prompts
+    # speculatively (the drafter of that step proposes, the whole target verifies) and
+    # reports the acceptance length τ (trainer/online_eval.py). 0 = never; needs
+    # data.held_out samples to take the prompts from. Training never waits for it: an eval
+    # due while the last one still runs is skipped and counted.
+    every: int = 0
+    prompts: int = 8  # held-out prompts per eval (at most data.held_out)
+    new_tokens: int = 64  # tokens decoded per prompt
+    prompt_len: int = 512  # a prompt's last tokens before its answer, at most
+    final: bool = True  # also evaluate the last step's drafter of a run that finishes
+
+
+@dataclass
 class Config:
     name: str = "unnamed"
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -141,6 +155,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -197,6 +212,10 @@ _RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "train.seed": (lambda v: v >= 0, _NON_NEGATIVE_INT),
     "train.log_every": (lambda v: v >= 1, _POSITIVE_INT),
     "train.checkpoint_every": (lambda v: v >= 0, "must be a non-negative integer (0 = at the end)"),
+    "eval.every": (lambda v: v >= 0, "must be 0 (never) or a number of steps"),
+    "eval.prompts": (lambda v: v >= 1, _POSITIVE_INT),
+    "eval.new_tokens": (lambda v: 2 <= v <= 100_000, "must be an integer in [2, 100000]"),
+    "eval.prompt_len": (lambda v: v >= 1, _POSITIVE_INT),
     "runtime.prefetch_threads": (
         lambda v: 0 <= v <= 64,
         "must be 0 (one per target) to 64",
@@ -383,6 +402,9 @@ def validate(cfg: Config) -> None:
         raise bad_value("train.betas", t.betas, "expected two numbers")
     if d.head_dim % 2:
         raise bad_value("drafter.head_dim", d.head_dim, "must be even (RoPE rotates pairs)")
+    if cfg.eval.every and not cfg.data.held_out:
+        rule = "needs data.held_out > 0: held-out τ is measured on samples never trained on"
+        raise bad_value("eval.every", cfg.eval.every, rule)
     if d.num_heads and d.num_kv_heads and d.num_heads % d.num_kv_heads:
         rule = f"must be a multiple of drafter.num_kv_heads ({d.num_kv_heads})"
         raise bad_value("drafter.num_heads", d.num_heads, rule)

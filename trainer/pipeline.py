@@ -55,6 +55,7 @@ from trainer.data import collate, epoch_batches, pick_bucket
 from trainer.faults import FaultPlan
 from trainer.loss import STAT_NAMES, LossOutput
 from trainer.memory import device_memory
+from trainer.online_eval import OnlineEval
 from trainer.optim import lr_at, noise_at, set_lr
 from trainer.packing import collate_packs, epoch_pack_batches
 from trainer.runstate import RunState
@@ -96,8 +97,10 @@ class Pipeline:
         save_checkpoint: Callable[[TrainPosition, float | None], object],
         on_metrics: Callable[[dict[str, Any], int], None] = lambda _m, _s: None,
         faults: FaultPlan | None = None,
+        evaluator: OnlineEval | None = None,
     ) -> None:
         self.run, self.state, self.log = run, state, log
+        self.evaluator = evaluator  # held-out τ every eval.every steps (online_eval.py)
         self.cfg = run.cfg
         self.save_checkpoint, self.on_metrics = save_checkpoint, on_metrics
         self.faults = faults or FaultPlan()
@@ -129,6 +132,7 @@ class Pipeline:
         self._count_lock = threading.Lock()
         self._window = _Window(self)
         self._last_loss: float | None = None
+        self._last_acc: float | None = None
         self.threads: list[threading.Thread] = []
         self.drafter_threads: list[threading.Thread] = []
 
@@ -340,6 +344,11 @@ class Pipeline:
             with clock.work(STAGE_CHECKPOINT):
                 self.save_checkpoint(self.position, self.recent_loss())
             self.state.set_phase(TRAINING)
+        ev = self.evaluator
+        if ev is not None and ev.due(p.step, last):
+            # A copy of the weights on this stream, or nothing if an eval still runs; the
+            # last step's eval waits for the one before it (the run is over anyway).
+            ev.offer(p.step, replicas.primary, self._last_acc, wait=last)
         if self.stop_request.is_set() and not last:
             self.stopped_early = True
             self._finish = True
@@ -355,7 +364,7 @@ class Pipeline:
 
     def _log_step(self) -> None:
         row = self._window.record()
-        self._last_loss = row.loss
+        self._last_loss, self._last_acc = row.loss, row.acc
         self.log.record(row)
         self.on_metrics(row.to_json(), row.step)
         self._window = _Window(self)
@@ -492,4 +501,5 @@ class _Window:
             tokens=p.tokens,
             memory=device_memory(run.devices),
             stages_ms=pipe.state.stages_by_thread(),
+            eval=pipe.evaluator.take_result() if pipe.evaluator is not None else None,
         )

@@ -10,6 +10,7 @@ any failure, in any thread                                          -> crashed  
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
@@ -48,6 +49,7 @@ from trainer.faults import FaultPlan
 from trainer.fsutil import atomic_write_json
 from trainer.heartbeat import HeartbeatWriter, LiveFields
 from trainer.memory import device_memory
+from trainer.online_eval import OnlineEval
 from trainer.runstate import RunState
 from trainer.signals import SignalHandlers
 from trainer.steplog import RunLog
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
     from trainer.setup import RunSetup
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
+# A SIGTERM ends an eval between prompts; this bounds one that hangs.
+FINAL_EVAL_WAIT_S = 600.0
 BAD_INPUT = (ConfigError, DataError, ValueError, FileNotFoundError, PermissionError)
 
 
@@ -305,7 +309,7 @@ class Run:
             self.log.line(setup.warm_start)
         if setup.held_out:
             self.log.line(
-                f"held out {setup.held_out} samples (by id) for evaluation: never trained on"
+                f"held out {len(setup.held_out)} samples (by id) for evaluation: never trained on"
             )
         position = TrainPosition(step=0, batches=0, tokens=0)
         if checkpoint is not None:
@@ -358,8 +362,14 @@ class Run:
             return EXIT_OK, wandb
 
         self.state.set_phase(WARMUP)
+        evaluator = None
+        if self.cfg.eval.every or (self.cfg.eval.final and setup.held_out):
+            evaluator = OnlineEval(
+                setup, self.state, self.log.line, self.run_dir, self.stop_request
+            )
+            evaluator.start()
         self.pipeline = pipe = Pipeline(
-            setup, self.state, self.log, position, self.save, wandb.log, faults
+            setup, self.state, self.log, position, self.save, wandb.log, faults, evaluator
         )
         if self.stop_request.is_set():
             pipe.stop_request.set()
@@ -372,6 +382,12 @@ class Run:
             print(f"error: {err.message} (in {err.thread})", file=sys.stderr)
             return EXIT_CRASH, wandb
         self.state.set_phase(STOPPING)
+        if evaluator is not None:  # the last step's eval, if one is under way
+            self.state.thread_state("waiting for the last step's eval")
+            evaluator.close(timeout=FINAL_EVAL_WAIT_S)
+            final = evaluator.take_result()
+            if final is not None:
+                wandb.log({"eval": dataclasses.asdict(final)}, pipe.position.step)
         self.state.set_phase(CHECKPOINTING)
         path = self.save(pipe.position, pipe.recent_loss())
         self.checkpoints.wait()

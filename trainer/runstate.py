@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from trainer.contract.environment import Preflight
+from trainer.contract.evaluation import EvalInfo
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
@@ -65,6 +66,7 @@ class RunState:
         self.last_checkpoint: CheckpointInfo | None = None
         self.exit_code: int | None = None
         self.preflight: Preflight | None = None  # set once, before the target loads
+        self.eval: EvalInfo | None = None  # replaced whole by the eval thread (online_eval.py)
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
 
@@ -255,8 +257,13 @@ class RunState:
                 if self.data is not None
                 else None,
                 preflight=self.preflight,
+                eval=self.eval,
             )
             return beat, list(self._threads)
+
+    def set_eval(self, info: EvalInfo) -> None:
+        with self._lock:
+            self.eval = info
 
     def roles(self) -> dict[int, str]:
         """{threading ident: "role@device (state)"} for the named stack dump."""

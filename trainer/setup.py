@@ -7,7 +7,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,7 @@ class RunSetup:
     settings: LossSettings
     loader: Any = None  # TargetLoader until finish_loading()
     warm_start: str = ""  # what drafter.init_from loaded, for train.log
-    held_out: int = 0  # samples kept out of training (data.held_out)
+    held_out: list[Sample] = field(default_factory=list)  # never trained on (data.held_out)
 
     def finish_loading(self) -> None:
         """Wait for the target; give every drafter replica its real embedding and head."""
@@ -331,5 +331,5 @@ def build_run(
         total_steps=total,
         settings=settings,
         warm_start=warmed,
-        held_out=len(held_out),
+        held_out=held_out,
     )

@@ -77,7 +77,9 @@ def layer_features(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> T
 def target_pass(model: Any, ids: list[int], layer_ids: list[int]) -> tuple[list[int], Tensor]:
     """(the target's greedy token after each prefix of `ids`, the context features [L, n*H])."""
     device = next(model.parameters()).device
-    out = model(input_ids=torch.tensor([ids], device=device), output_hidden_states=True)
+    out = model(
+        input_ids=torch.tensor([ids], device=device), output_hidden_states=True, use_cache=False
+    )
     greedy = out.logits[0].argmax(-1).tolist()
     return greedy, layer_features(out.hidden_states, layer_ids)[0]
 
@@ -110,15 +112,17 @@ def speculative_decode(
     new_tokens: int,
     block_size: int,
     eos: int | None = None,
+    cancel: Callable[[], bool] = lambda: False,
 ) -> tuple[list[int], DecodeStats]:
-    """Decode `new_tokens` after `prompt` (fewer if the target says `eos`)."""
+    """Decode `new_tokens` after `prompt` (fewer if the target says `eos`, or if `cancel()`
+    says so before a step: what it has then is returned)."""
     t0 = time.monotonic()
     stats = DecodeStats(block_size)
     ids = list(prompt)
     greedy, feats = target_pass(model, ids, layer_ids)
     anchor = greedy[-1]  # the prefill's own token
     out = [anchor]
-    while len(out) < new_tokens and anchor != eos:
+    while len(out) < new_tokens and anchor != eos and not cancel():
         n = len(ids)  # the anchor sits at position n; the context is positions 0 .. n-1
         drafts = propose(feats[:n], anchor, n)[: block_size - 1]
         greedy, feats = target_pass(model, [*ids, anchor, *drafts], layer_ids)

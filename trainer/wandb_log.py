@@ -19,13 +19,25 @@ class WandbLog:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if self._run is not None:
-            flat = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-            self._run.log(flat, step=step)
+            self._run.log(flatten(metrics), step=step)
 
     def finish(self, exit_code: int = 0) -> None:
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
+
+
+def flatten(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics row, the held-out eval's as `eval/tau`, `eval/accept_1` …"""
+    flat = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    ev = metrics.get("eval")
+    if isinstance(ev, dict):
+        flat.update(
+            {f"eval/{k}": v for k, v in ev.items() if isinstance(v, int | float) and k != "at"}
+        )
+        for k, share in enumerate(ev.get("per_position") or [], start=1):
+            flat[f"eval/accept_{k}"] = share
+    return flat
 
 
 def start_wandb(

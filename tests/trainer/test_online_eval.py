@@ -1,0 +1,157 @@
+"""Held-out τ during training, as an operator runs it: real CPU runs of the trainer with
+`eval.every`, against the tiny target that has learned to chat (its answers follow the data's
+patterns, so a drafter's τ against it moves), and the verifying target built around the
+truncated one checked against the checkpoint loaded whole."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer_cli import TINY, only_run_dir, run_trainer
+
+from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+from trainer.contract.records import MetricsRow, parse_metrics_line
+
+# The tiny target that has learned to chat, and the drafter's data: its own answers.
+CHAT = (
+    "--set",
+    "target.path=builtin:tiny-qwen3-chat",
+    "--set",
+    "data.path=builtin:tiny-chat-answers",
+)
+
+
+@pytest.mark.parametrize("builtin", ["builtin:tiny-qwen3", "builtin:tiny-qwen3.5"])
+def test_the_verifying_target_is_the_checkpoint_and_shares_the_training_tensors(
+    builtin, dflash_cache_dir
+):
+    from transformers import AutoModelForCausalLM
+
+    from trainer.target import load_target
+    from trainer.tiny_target import resolve_target_path
+    from trainer.whole_target import whole_target
+
+    path = resolve_target_path(builtin)
+    loaded = load_target(path, [1, 4], torch.float32, torch.device("cpu"))  # 5 of 8 layers
+    whole = whole_target(loaded, torch.float32, torch.device("cpu"))
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    vocab = loaded.info.vocab_size
+    ids = torch.randint(0, vocab - 8, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = whole(input_ids=ids, output_hidden_states=True, use_cache=False)
+        want = reference(input_ids=ids, output_hidden_states=True, use_cache=False)
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-5)
+    assert len(got.hidden_states) == len(want.hidden_states) == 9
+    # The training target's modules are the verifying target's own: no second copy.
+    trunc = loaded.model.model
+    assert len(trunc.layers) == 5 and len(whole.model.layers) == 8
+    assert all(whole.model.layers[i] is trunc.layers[i] for i in range(5))
+    assert whole.model.embed_tokens is trunc.embed_tokens and whole.lm_head is loaded.model.lm_head
+
+
+def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path, tiny_chat_ready):
+    root = tmp_path / "runs"
+    r = run_trainer(
+        "--config", str(TINY), "--run-root", str(root), "--max-steps", "120",
+        *CHAT, "--set", "data.held_out=16", "--set", "eval.every=60",
+        "--set", "eval.prompts=3", "--set", "eval.new_tokens=24",
+        "--set", "train.checkpoint_every=60", timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run_dir(root)
+    log = (run / "train.log").read_text()
+    online = {s: json.loads((run / "eval" / f"step-{s:08d}.json").read_text()) for s in (60, 120)}
+    assert f"eval: step 60: held-out τ {online[60]['tau']:.2f} of 16 over 3 prompts" in log
+    assert all(e["during_training"] and e["prompts"] == 3 for e in online.values())
+
+    hb = read_heartbeat(run / "heartbeat.json")
+    assert isinstance(hb, Heartbeat) and hb.eval is not None
+    assert [(p.step, p.tau) for p in hb.eval.history] == [(s, online[s]["tau"]) for s in (60, 120)]
+    assert hb.eval.skipped == 0 and hb.eval.error is None and hb.eval.running_step is None
+    assert hb.eval.held_out == 16 and hb.eval.every == 60
+    assert all(p.train_acc is not None and 0 < p.train_acc < 1 for p in hb.eval.history)
+    # The row after an eval finished carries it; the last step's comes after the last row.
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = [row for line in lines if isinstance(row := parse_metrics_line(line), MetricsRow)]
+    assert len(rows) == len(lines)
+    carried = [row.eval.step for row in rows if row.eval is not None]
+    assert carried == [60]
+
+    # The same drafter and prompts through `python -m trainer eval`: the whole target
+    # loaded apart from training's, the checkpoint's weights: the same acceptance, token
+    # for token.
+    for step in (60, 120):
+        e = subprocess.run(
+            [sys.executable, "-m", "trainer", "eval", str(run), "--step", str(step),
+             "--prompts", "3", "--new-tokens", "24"],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert e.returncode == 0, e.stderr
+        offline = json.loads((run / "eval" / f"step-{step:08d}.json").read_text())
+        for key in ("tau", "per_position", "verify_steps", "tokens"):
+            assert offline[key] == online[step][key], (step, key)
+    # Against a target that writes the data's kind of text, training shows in held-out τ.
+    assert online[120]["tau"] > online[60]["tau"] > 1.0, online
+
+
+def test_an_eval_outlasting_its_interval_is_skipped_and_training_never_waits(
+    tmp_path, tiny_chat_ready
+):
+    root = tmp_path / "runs"
+    r = run_trainer(
+        "--config", str(TINY), "--run-root", str(root), "--max-steps", "40",
+        *CHAT, "--set", "data.held_out=8", "--set", "eval.every=2",
+        "--set", "eval.prompts=8", "--set", "eval.new_tokens=64", "--set", "eval.final=false",
+        timeout=400,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    run = only_run_dir(root)
+    hb = read_heartbeat(run / "heartbeat.json")
+    assert isinstance(hb, Heartbeat) and hb.eval is not None and hb.step == 40
+    done = [p.step for p in hb.eval.history]
+    assert hb.eval.skipped >= 5 and len(done) + hb.eval.skipped <= 20, (done, hb.eval.skipped)
+    log = (run / "train.log").read_text()
+    assert "skipped (the eval of step" in log
+    # The copy of the weights is all an eval costs the training thread.
+    assert hb.eval.snapshot_s < 1.0
+
+
+def test_sigterm_leaves_an_eval_under_way_and_the_run_stops_promptly(
+    start_trainer, tiny_chat_ready
+):
+    p = start_trainer(
+        "--max-steps", "5000", *CHAT, "--set", "data.held_out=8",
+        "--set", "eval.every=10", "--set", "eval.prompts=8", "--set", "eval.new_tokens=2000",
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        hb = read_heartbeat(p.run_dir / "heartbeat.json")
+        if isinstance(hb, Heartbeat) and hb.eval is not None and hb.eval.running_step:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no eval started")
+    t0 = time.monotonic()
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 0
+    assert time.monotonic() - t0 < 30
+    hb = read_heartbeat(p.run_dir / "heartbeat.json")
+    assert isinstance(hb, Heartbeat) and hb.phase == "stopped"
+    assert "left unfinished: the run is stopping" in (p.run_dir / "train.log").read_text()
+
+
+def test_eval_needs_held_out_samples(tmp_path):
+    r = run_trainer("--config", str(TINY), "--run-root", str(tmp_path), "--set", "eval.every=10")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "config: eval.every = 10: needs data.held_out > 0: held-out τ is measured on samples"
+        " never trained on"
+    ]
+    assert not list(Path(tmp_path).iterdir())
