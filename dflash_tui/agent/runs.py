@@ -20,7 +20,7 @@ import secrets
 import socket
 import stat
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in, tail_or_empty, what_is
@@ -32,7 +32,7 @@ from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
-from trainer.contract.protocol import RunInfo
+from trainer.contract.protocol import RunEval, RunInfo
 from trainer.contract.records import (
     CHECKPOINTS,
     CONFIG,
@@ -145,6 +145,13 @@ def last_words(run_dir: str) -> str:
             if line and parse_step_line(line) is None:
                 return line
     return ""
+
+
+def data_path(config: dict[str, Any] | None) -> str:
+    """config.json's data.path ("" when not there): which data the held-out samples are of."""
+    data = config.get("data") if config is not None else None
+    path = data.get("path") if isinstance(data, dict) else None
+    return path if isinstance(path, str) else ""
 
 
 @dataclasses.dataclass
@@ -390,6 +397,7 @@ class RunRoot:
             environment=read_environment(config),
             preflight=read_preflight(config),
             resume=resume,
+            eval=RunEval.of(hb.eval, data_path(config)) if hb and hb.eval else None,
         )
 
     def resume_point(self, run_id: str) -> ResumePoint:
