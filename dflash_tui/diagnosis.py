@@ -1371,7 +1371,8 @@ def _overfit(best: EvalPoint, latest: EvalPoint, cfg: DiagnosisConfig) -> bool:
 
 
 def _export_best(best: EvalPoint) -> str:
-    return f"export step {best.step}'s checkpoint (dflash-tui export --step {best.step})"
+    """Checkpoints are not written at each eval: the one nearest the best step."""
+    return f"export the checkpoint nearest step {best.step}, the best (dflash-tui export --step S)"
 
 
 @rule
@@ -1389,8 +1390,9 @@ def eval_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
             "eval_failed",
             "held-out eval failed",
             f"{info.error}{before}",
-            "training goes on unmeasured: read train.log around the error; the next eval "
-            "tries again, or set eval.every = 0 to stop evaluating",
+            "training goes on unmeasured: read train.log's `eval:` lines; a failed eval is "
+            "tried again at the next, one turned off is not (out of memory: fewer "
+            "eval.prompts or eval.new_tokens)",
         )
     ]
 

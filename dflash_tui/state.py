@@ -46,7 +46,7 @@ from trainer.contract.steplines import StepLine, parse_step_line
 from trainer.contract.telemetry import parse_telemetry_line
 from trainer.contract.typed import Unreadable, encode
 
-ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P"}
+ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P", "eval": "E"}
 
 # The heartbeat history the rules look back on (GIL, recompiles, allocator retries): every
 # live heartbeat and every telemetry.jsonl line, in `now` order, one per `now`, bounded.

@@ -147,11 +147,21 @@ def last_words(run_dir: str) -> str:
     return ""
 
 
-def data_path(config: dict[str, Any] | None) -> str:
-    """config.json's data.path ("" when not there): which data the held-out samples are of."""
+def run_eval(hb: Heartbeat | None, config: dict[str, Any] | None) -> RunEval | None:
+    """The heartbeat's eval for the runs list, with what config.json adds to its settings:
+    which data the held-out samples are of (data.path), how long a prompt is at most
+    (eval.prompt_len)."""
+    if hb is None or hb.eval is None:
+        return None
     data = config.get("data") if config is not None else None
     path = data.get("path") if isinstance(data, dict) else None
-    return path if isinstance(path, str) else ""
+    section = config.get("eval") if config is not None else None
+    prompt_len = section.get("prompt_len") if isinstance(section, dict) else None
+    return RunEval.of(
+        hb.eval,
+        path if isinstance(path, str) else "",
+        prompt_len if isinstance(prompt_len, int) and not isinstance(prompt_len, bool) else 0,
+    )
 
 
 @dataclasses.dataclass
@@ -397,7 +407,7 @@ class RunRoot:
             environment=read_environment(config),
             preflight=read_preflight(config),
             resume=resume,
-            eval=RunEval.of(hb.eval, data_path(config)) if hb and hb.eval else None,
+            eval=run_eval(hb, config),
         )
 
     def resume_point(self, run_id: str) -> ResumePoint:

@@ -55,7 +55,9 @@ def info(history: list[EvalPoint], **fields: Any) -> EvalInfo:
     return EvalInfo(**{**SETTINGS, "history": history, "last": result, **fields})
 
 
-def with_eval(ev: EvalInfo | None, earlier: EvalInfo | None = None, data: str = DATA) -> Any:
+def with_eval(
+    ev: EvalInfo | None, earlier: EvalInfo | None = None, data: str = DATA, prompt_len: int = 512
+) -> Any:
     """The followed run's last heartbeat says `ev`; the runs list carries it as the agent
     builds it (RunEval.of), and `earlier` for the earlier run (evaluated on `data`)."""
 
@@ -64,9 +66,9 @@ def with_eval(ev: EvalInfo | None, earlier: EvalInfo | None = None, data: str = 
         (runs,) = of_type(evs, "runs")
         for r in runs["runs"]:
             if r["run_id"] == FOLLOWED and ev is not None:
-                r["eval"] = encode(RunEval.of(ev, DATA))
+                r["eval"] = encode(RunEval.of(ev, DATA, 512))
             if r["run_id"] == EARLIER and earlier is not None:
-                r["eval"] = encode(RunEval.of(earlier, data))
+                r["eval"] = encode(RunEval.of(earlier, data, prompt_len))
 
     return edit
 
@@ -127,6 +129,7 @@ def test_the_earlier_best_needs_the_same_eval_settings_and_signature():
     assert earlier_best_tau(live_store(with_eval(info(CLIMB), earlier))) is not None
     # Another data file, other prompts, another decode length: τ of something else.
     assert earlier_best_tau(live_store(with_eval(info(CLIMB), earlier, data="x.jsonl"))) is None
+    assert earlier_best_tau(live_store(with_eval(info(CLIMB), earlier, prompt_len=256))) is None
     for change in ({"prompts": 8}, {"new_tokens": 64}, {"held_out": 32}):
         other = info(points((1000, 2.8, 0.4)), **change)
         assert earlier_best_tau(live_store(with_eval(info(CLIMB), other))) is None, change
@@ -228,7 +231,7 @@ def test_eval_plateau_after_three_evals_without_a_better_tau():
         "best τ 2.50 at step 1500; the 3 evals since (steps 2000–3000) 2.46–2.49, latest 2.47; "
         "training acc +0.5% over them"
     )
-    assert "dflash-tui export --step 1500" in f.action
+    assert f.action.startswith("export the checkpoint nearest step 1500, the best (dflash-tui")
     assert "eval_plateau" not in codes(diag(with_eval(info(flat[:-1]))))  # two since: not yet
     better = [*flat[:-1], EvalPoint(3000, 2.52, 0.43)]
     assert "eval_plateau" not in codes(diag(with_eval(info(better))))
@@ -255,7 +258,7 @@ def test_overfitting_when_tau_falls_as_training_acc_rises():
         "τ 2.37 at step 2000, best 2.50 at step 1500 (1 evals since); training acc "
         "42.0% → 47.0% over the same 500 steps"
     )
-    assert f.action.startswith("stop it (k) and export step 1500's checkpoint")
+    assert f.action.startswith("stop it (k) and export the checkpoint nearest step 1500")
     # 4.4 % down is noise; a fall with a flat training acc is no overfitting.
     assert "overfitting" not in codes(
         diag(with_eval(info([*CLIMB[:3], EvalPoint(2000, 2.39, 0.47)])))
@@ -276,7 +279,8 @@ def test_overfitting_after_the_run_ended_names_the_step_to_export():
 
     found = diag(with_eval(info(fell)), ended)
     f = only(found, "overfitting")
-    assert f.action.startswith("export step 1500's checkpoint (dflash-tui export --step 1500)")
+    assert f.action.startswith("export the checkpoint nearest step 1500, the best")
+    assert "not the newest" in f.action
     assert "eval_plateau" not in codes(found)  # overfitting says more
 
 

@@ -110,21 +110,23 @@ class RunEval:
     prompts: int = 0  # per eval
     new_tokens: int = 0  # per prompt
     data: str = ""  # config.json's data.path: the held-out samples are that data's
+    prompt_len: int = 0  # config.json's eval.prompt_len: a prompt's last tokens, at most
     evals: int = 0  # evals in the heartbeat's history
     best: EvalPoint | None = None  # EvalInfo.best()
     last: EvalPoint | None = None  # the newest eval in the history
     error: str | None = None  # the last eval failed: why (the host's words)
 
-    def settings(self) -> tuple[int, int, int, str]:
-        return (self.held_out, self.prompts, self.new_tokens, self.data)
+    def settings(self) -> tuple[int, int, int, str, int]:
+        return (self.held_out, self.prompts, self.new_tokens, self.data, self.prompt_len)
 
     @classmethod
-    def of(cls, info: EvalInfo, data: str = "") -> RunEval:
+    def of(cls, info: EvalInfo, data: str = "", prompt_len: int = 0) -> RunEval:
         return cls(
             held_out=info.held_out,
             prompts=info.prompts,
             new_tokens=info.new_tokens,
             data=data,
+            prompt_len=prompt_len,
             evals=len(info.history),
             best=info.best(),
             last=info.history[-1] if info.history else None,
