@@ -213,18 +213,21 @@ async def _with_link(target: Target, work: Work, follow: str | None = None) -> i
 
 
 def _fmt_runs(runs: list[RunInfo], env: bool = False) -> str:
-    """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py);
-    a GPU run on a slow kernel fallback is marked. `env`: each run's environment and
-    fast-kernel path under its row (none for a run from before the fingerprint)."""
+    """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py),
+    its best held-out τ; a GPU run on a slow kernel fallback is marked. `env`: each run's
+    environment and fast-kernel path under its row (none for a run from before the
+    fingerprint)."""
+    from dflash_tui.evaluation import best_tau
     from dflash_tui.facts import run_outcome
 
-    rows = ["RUN ID                                         STEPS  BEST TOK/S  OUTCOME"]
+    rows = ["RUN ID                                         STEPS  BEST TOK/S      BEST τ  OUTCOME"]
     for r in runs:
         best = "—" if r.best_tok_s is None else str(round(r.best_tok_s))
         run_id, outcome = sanitize.field(r.run_id), sanitize.field(run_outcome(r).summary)
         slow = r.preflight is not None and r.preflight.device.startswith("cuda")
         mark = " [slow kernels]" if slow and r.preflight and r.preflight.slow() else ""
-        rows.append(f"{run_id[:45]:45s} {r.steps:>6} {best:>11}  {outcome}{mark}")
+        tau = best_tau(r)
+        rows.append(f"{run_id[:45]:45s} {r.steps:>6} {best:>11} {tau:>11}  {outcome}{mark}")
         if env:
             env_text = r.environment.describe() if r.environment else "—"
             rows.append(f"    env: {sanitize.field(env_text)}")

@@ -12,6 +12,9 @@ hold, nor the heartbeat pane and `slow_phase` on how long a phase took last time
 - `run_outcome`: how a listed run ended, in the contract's words (trainer/contract/outcomes.py).
 - `faster_environment`: the last earlier comparable run that trained faster than a rate, and
   what differs between its environment and this run's (trainer/contract/environment.py).
+- `earlier_best_tau`: the best held-out τ of those runs that evaluated with the same
+  settings (held-out samples, prompts, new tokens, data: `RunEval.settings`); τ from other
+  prompts or another decode length measures something else.
 
 The GPU that a thread or role runs on is the store's (`Store.gpu_index`, `Store.gpu_roles`).
 """
@@ -24,6 +27,7 @@ import statistics
 from dflash_tui.fmt import duration
 from dflash_tui.state import Store
 from trainer.contract.comparable import comparable
+from trainer.contract.evaluation import EvalPoint
 from trainer.contract.heartbeat import Heartbeat
 from trainer.contract.outcomes import Outcome, outcome_of
 from trainer.contract.phases import (
@@ -175,6 +179,32 @@ def faster_environment(s: Store, tok_s: float, factor: float) -> EnvironmentChan
         diffs = cur.environment.differences(r.environment)
         return EnvironmentChange(r, r.best_tok_s, diffs) if diffs else None
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlierTau:
+    run_id: str  # the earlier run whose held-out τ was the best
+    point: EvalPoint  # that run's best eval (its step, τ and training acc then)
+
+    @property
+    def tau(self) -> float:
+        return self.point.tau or 0.0
+
+
+def earlier_best_tau(s: Store) -> EarlierTau | None:
+    """The best held-out τ of the earlier comparable runs whose evals had this run's
+    settings (`RunEval.settings`, from the runs list: the current run's own entry says its
+    settings). None when this run evaluates nothing or no such run evaluated."""
+    cur = s.current_run()
+    if cur is None or cur.eval is None:
+        return None
+    best: EarlierTau | None = None
+    for r in earlier_runs(s):
+        if r.eval is None or r.eval.best is None or r.eval.settings() != cur.eval.settings():
+            continue
+        if best is None or (r.eval.best.tau or 0.0) > best.tau:
+            best = EarlierTau(r.run_id, r.eval.best)
+    return best
 
 
 def run_outcome(run: RunInfo) -> Outcome:

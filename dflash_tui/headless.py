@@ -3,8 +3,11 @@
 Lines mode (default): one status line per interval, at most 120 columns, plus every new
 step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
 
-    08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | q_pre 50/16/2 q_hs 60 | \
-T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
+    08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | τ 2.31↑ | \
+q_pre 50/16/2 q_hs 60 | T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
+
+`τ 2.31↑` (`tau 2.31+` without unicode) is the held-out acceptance length of the newest eval
+and its trend since the eval before (dflash_tui/evaluation.py); only for a run that evaluates.
 
 The busiest pipeline thread's largest stage (dflash_tui/stages.py) comes after the
 heartbeat's age, as long as the line has room for it and the first finding's title
@@ -21,6 +24,10 @@ heartbeat), 3 unreachable.
 `--json`: one JSON object per line:
     {"kind": "event", "event": <agent or link event>}       as events arrive
     {"kind": "snapshot", "time": float, "state": <Store.to_json()>,
+     "tau": {latest: {step, tau, train_acc} | null, delta, trend: up|down|flat|null,
+             best: {step, tau, train_acc} | null, earlier: {run_id, step, tau, train_acc}
+             | null (the best of earlier comparable runs evaluated the same way), evals,
+             running_step, skipped, error} | null (a run that evaluates nothing),
      "findings": [{"severity", "code", "title", "evidence", "action"}]}  per interval
 An agent event is as the agent sent it (trainer/contract/protocol.py), with every field of its
 record; a link event is {type: "link", t, state, detail, target, attempt, retry_in, version}
@@ -33,6 +40,7 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     pipeline thread with stage times, its stages in loop order; [] without),
     busiest: {thread, stage, ms, share, period_ms, work_share} | null (the thread the others
     wait for, and its largest work stage),
+    eval: the heartbeat's EvalInfo as written (trainer/contract/evaluation.py) | null,
     heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
     gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
@@ -51,7 +59,7 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
-from dflash_tui import compile_progress, sanitize, stages
+from dflash_tui import compile_progress, evaluation, sanitize, stages
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -120,6 +128,9 @@ def status_line(
     loss = s.last_loss()
     if loss is not None:
         fields.append(f"loss {loss:.3f}")
+    tau = evaluation.summary(s.eval_info())
+    if tau is not None:
+        fields.append(tau.short(unicode))
     if hb is not None and (hb.queues.q_pre or hb.queues.q_hs):
         pre = "/".join(str(q.depth) for q in hb.queues.q_pre)
         hs = "/".join(str(q.depth) for q in hb.queues.q_hs)
@@ -226,11 +237,13 @@ class Headless:
         if findings is None:
             findings = diagnose(self.store, config=self.diagnosis)
         if self.as_json:
+            tau = evaluation.of_store(self.store)
             return json.dumps(
                 {
                     "kind": "snapshot",
                     "time": time.time(),
                     "state": self.store.to_json(),
+                    "tau": tau.to_json() if tau else None,
                     "findings": [asdict(f) for f in findings],
                 },
                 default=str,

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from dflash_tui import stages
 from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
+from trainer.contract.evaluation import EvalInfo
 from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, upgrade_note
 from trainer.contract.outcomes import RUNNING, UNKNOWN, Outcome, outcome_of
 from trainer.contract.phases import FINAL_PHASES
@@ -45,7 +46,7 @@ from trainer.contract.steplines import StepLine, parse_step_line
 from trainer.contract.telemetry import parse_telemetry_line
 from trainer.contract.typed import Unreadable, encode
 
-ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P"}
+ROLE_LETTER = {"target": "T", "drafter": "D", "prefetch": "P", "eval": "E"}
 
 # The heartbeat history the rules look back on (GIL, recompiles, allocator retries): every
 # live heartbeat and every telemetry.jsonl line, in `now` order, one per `now`, bounded.
@@ -343,6 +344,12 @@ class Store:
                 roles.setdefault(index, set()).add(t.role)
         return {i: "+".join(sorted(r)) for i, r in roles.items()}
 
+    def eval_info(self) -> EvalInfo | None:
+        """Held-out τ during training as the heartbeat says it (trainer/contract/evaluation.py):
+        the latest result and the history. None: the run evaluates nothing, or an older
+        trainer. dflash_tui/evaluation.py computes what the views show from it."""
+        return self.heartbeat.eval if self.heartbeat is not None else None
+
     def last_metrics(self) -> MetricsRow | None:
         return self.metrics[-1] if self.metrics else None
 
@@ -378,6 +385,7 @@ class Store:
             "compile": encode(hb.compile) if hb else None,
             "stages": stages.to_json(rows),
             "busiest": stages.busiest_json(rows),
+            "eval": encode(self.eval_info()),
             "heartbeat_age_s": self.heartbeat_age(now),
             "heartbeat_error": self.heartbeat_error,
             "heartbeat_note": self.heartbeat_note(),

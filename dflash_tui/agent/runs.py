@@ -20,7 +20,7 @@ import secrets
 import socket
 import stat
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in, tail_or_empty, what_is
@@ -32,7 +32,7 @@ from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
-from trainer.contract.protocol import RunInfo
+from trainer.contract.protocol import RunEval, RunInfo
 from trainer.contract.records import (
     CHECKPOINTS,
     CONFIG,
@@ -145,6 +145,23 @@ def last_words(run_dir: str) -> str:
             if line and parse_step_line(line) is None:
                 return line
     return ""
+
+
+def run_eval(hb: Heartbeat | None, config: dict[str, Any] | None) -> RunEval | None:
+    """The heartbeat's eval for the runs list, with what config.json adds to its settings:
+    which data the held-out samples are of (data.path), how long a prompt is at most
+    (eval.prompt_len)."""
+    if hb is None or hb.eval is None:
+        return None
+    data = config.get("data") if config is not None else None
+    path = data.get("path") if isinstance(data, dict) else None
+    section = config.get("eval") if config is not None else None
+    prompt_len = section.get("prompt_len") if isinstance(section, dict) else None
+    return RunEval.of(
+        hb.eval,
+        path if isinstance(path, str) else "",
+        prompt_len if isinstance(prompt_len, int) and not isinstance(prompt_len, bool) else 0,
+    )
 
 
 @dataclasses.dataclass
@@ -390,6 +407,7 @@ class RunRoot:
             environment=read_environment(config),
             preflight=read_preflight(config),
             resume=resume,
+            eval=run_eval(hb, config),
         )
 
     def resume_point(self, run_id: str) -> ResumePoint:

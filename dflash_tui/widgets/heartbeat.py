@@ -1,4 +1,5 @@
-"""The heartbeat pane: what the trainer says it is doing, and how fresh that is."""
+"""The heartbeat pane: what the trainer says it is doing, and how fresh that is; for a run
+that evaluates, its held-out τ (dflash_tui/evaluation.py) fitted to the pane's width."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from dflash_tui import compile_progress
+from dflash_tui import compile_progress, evaluation
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
 from dflash_tui.widgets import safe
+
+LABEL = 12  # the label column, then one column between it and the value
 
 
 class HeartbeatPane(Static):
@@ -22,7 +25,7 @@ class HeartbeatPane(Static):
     def update_from(self, s: Store) -> None:
         hb = s.heartbeat
         t = Table.grid(padding=(0, 1))
-        t.add_column(style="dim", width=12)
+        t.add_column(style="dim", width=LABEL)
         t.add_column()
         if hb is None:
             outcome = s.outcome()
@@ -70,6 +73,9 @@ class HeartbeatPane(Static):
             else f"step {hb.step} · none yet",
         )
         t.add_row("throughput", rate(hb.tok_s))
+        tau = evaluation.of_store(s)
+        if tau is not None:
+            self._tau_rows(t, tau)
         t.add_row("pid", safe.text(f"{hb.pid} (pgid {hb.pgid}) on {hb.host}"))
         deployed = s.hello.deployed.sha256 if s.hello and s.hello.deployed else ""
         running = hb.code_sha256
@@ -102,3 +108,16 @@ class HeartbeatPane(Static):
         if hb.error is not None:
             t.add_row("error", safe.text(hb.error.message, "bold red"))
         self.update(t)
+
+    def _tau_rows(self, t: Table, tau: evaluation.TauSummary) -> None:
+        """`held-out  τ 2.31 ↑0.12 at step 2000 (best 2.50 at step 1500; comparable runs'
+        best 2.80)` in the longest form that fits; what the eval is doing; its error."""
+        room = self.size.width - LABEL - 1
+        line = tau.fitted(room) if room > 0 else tau.forms()[0]  # before the first layout
+        style = {"up": "green", "down": "yellow"}.get(tau.trend or "", "")
+        t.add_row("held-out", Text(line, style=style))
+        doing = tau.state()
+        if doing:
+            t.add_row("eval", Text(doing, style="yellow" if tau.info.skipped else ""))
+        if tau.info.error is not None:  # the host's words
+            t.add_row("eval error", safe.text(tau.info.error, "bold red"))

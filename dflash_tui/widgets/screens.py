@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
+from dflash_tui.evaluation import best_tau
 from dflash_tui.facts import run_outcome
 from dflash_tui.widgets import safe
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
@@ -184,7 +185,7 @@ class RunsScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("run id", "outcome", "phase", "steps", "best tok/s", "error")
+        table.add_columns("run id", "outcome", "phase", "steps", "best tok/s", "best τ", "error")
         for r in reversed(self.runs):
             outcome = run_outcome(r)
             ended = safe.text(outcome.summary[:60], OUTCOME_STYLE.get(outcome.kind, "dim"))
@@ -195,6 +196,7 @@ class RunsScreen(ModalScreen[str | None]):
                 safe.text(r.phase or "—"),
                 str(r.steps),
                 f"{best:,.0f}" if best else "—",
+                best_tau(r),
                 safe.text((r.error or "")[:50]),
                 key=r.run_id,
             )

@@ -103,7 +103,18 @@ def _stalled(for_s: float) -> Ready:
     return ready
 
 
+def _evals(n: int) -> Ready:
+    def ready(s: Store) -> bool:
+        ev = s.heartbeat.eval if s.heartbeat is not None else None
+        return ev is not None and sum(p.tau is not None for p in ev.history) >= n
+
+    return ready
+
+
 HISTORY = Run(overrides=["train.max_steps=20"])
+# Held-out eval during training, as small as it goes: 8 samples held out, 2 prompts × 8 new
+# tokens every 10 steps.
+EVAL = ["data.held_out=8", "eval.every=10", "eval.prompts=2", "eval.new_tokens=8"]
 SCENARIOS = [
     Scenario(
         "healthy",
@@ -125,6 +136,14 @@ SCENARIOS = [
         "environment, run.preflight), sent in the runs list; the heartbeat carries the "
         "preflight.",
         [HISTORY, Run(until=_step(30))],
+    ),
+    Scenario(
+        "held_out_eval",
+        "The demo config evaluating held-out τ during training (data.held_out=8, eval.every=10, "
+        "eval.prompts=2, eval.new_tokens=8) trained twice: the first run 40 steps, the second "
+        "followed once its heartbeat has 3 evals with a τ: the heartbeat's `eval`, each run's "
+        "in the runs list (RunInfo.eval), metrics rows with the eval that finished.",
+        [Run(overrides=[*EVAL, "train.max_steps=40"]), Run(overrides=EVAL, until=_evals(3))],
     ),
     Scenario(
         "crashed_in_thread",

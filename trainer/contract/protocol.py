@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from trainer.contract.checkpoints import ResumePoint
 from trainer.contract.comparable import RunSignature
 from trainer.contract.environment import Environment, Preflight
+from trainer.contract.evaluation import EvalInfo, EvalPoint
 from trainer.contract.outcomes import Outcome
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
@@ -100,6 +101,40 @@ class GpuSample(Event):
 
 
 @dataclasses.dataclass
+class RunEval:
+    """A run's held-out eval as the runs list carries it: its heartbeat's `eval`
+    (trainer/contract/evaluation.py) without the history, and the settings two runs' τ must
+    share to be compared (with the runs' `comparable` signatures: dflash_tui/facts.py)."""
+
+    held_out: int = 0  # samples kept out of training
+    prompts: int = 0  # per eval
+    new_tokens: int = 0  # per prompt
+    data: str = ""  # config.json's data.path: the held-out samples are that data's
+    prompt_len: int = 0  # config.json's eval.prompt_len: a prompt's last tokens, at most
+    evals: int = 0  # evals in the heartbeat's history
+    best: EvalPoint | None = None  # EvalInfo.best()
+    last: EvalPoint | None = None  # the newest eval in the history
+    error: str | None = None  # the last eval failed: why (the host's words)
+
+    def settings(self) -> tuple[int, int, int, str, int]:
+        return (self.held_out, self.prompts, self.new_tokens, self.data, self.prompt_len)
+
+    @classmethod
+    def of(cls, info: EvalInfo, data: str = "", prompt_len: int = 0) -> RunEval:
+        return cls(
+            held_out=info.held_out,
+            prompts=info.prompts,
+            new_tokens=info.new_tokens,
+            data=data,
+            prompt_len=prompt_len,
+            evals=len(info.history),
+            best=info.best(),
+            last=info.history[-1] if info.history else None,
+            error=info.error,
+        )
+
+
+@dataclasses.dataclass
 class RunInfo:
     """One run under the run root, as the runs list shows it."""
 
@@ -126,6 +161,9 @@ class RunInfo:
     # Where a restart would continue: its newest good checkpoint (or, with none of its own, its
     # parent's); None from an agent that did not read the checkpoints.
     resume: ResumePoint | None = None
+    # Held-out τ during training (the heartbeat's `eval`); None: the run evaluated nothing,
+    # an older trainer, or an older agent.
+    eval: RunEval | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
