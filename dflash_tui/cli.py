@@ -358,7 +358,7 @@ async def _demo(args: argparse.Namespace) -> int:
         print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
         try:
             run = await control.launch(
-                link, TRAINER_DIR / "configs" / "tiny-cpu.toml", args.overrides, _progress
+                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, _progress
             )
             print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
         except Exception as e:

@@ -113,8 +113,12 @@ def _evals(n: int) -> Ready:
 
 HISTORY = Run(overrides=["train.max_steps=20"])
 # Held-out eval during training, as small as it goes: 8 samples held out, 2 prompts × 8 new
-# tokens every 10 steps.
-EVAL = ["data.held_out=8", "eval.every=10", "eval.prompts=2", "eval.new_tokens=8"]
+# tokens every 10 steps, on the demo's target and data (trainer/configs/demo-cpu.toml), so
+# that τ moves.
+EVAL = [
+    "target.path=builtin:tiny-qwen3-chat", "data.path=builtin:tiny-chat-answers",
+    "data.held_out=8", "eval.every=10", "eval.prompts=2", "eval.new_tokens=8",
+]  # fmt: skip
 SCENARIOS = [
     Scenario(
         "healthy",

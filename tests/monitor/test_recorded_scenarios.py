@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 from test_diagnosis import NOW, SCENARIOS, codes, events, run, store
 
+from dflash_tui import evaluation
 from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose
 from dflash_tui.facts import phase_expectation
 from dflash_tui.stages import busiest, of_heartbeat
@@ -28,7 +29,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 18
+    assert len(names) == 19
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -67,6 +68,25 @@ def test_fingerprinted():
     slower; recorded on 2 shared cores, its GIL pressure was real. Variations:
     test_environment.py."""
     assert codes(run(rec("fingerprinted"))) == ["gil_pressure"]
+
+
+def test_held_out_eval():
+    """The eval thread of a real run: τ against the chat-trained tiny target rises as the
+    drafter trains, the earlier comparable run's best is the one to beat, and each run's
+    eval is in the runs list. Recorded on 2 shared cores, the eval (at the lowest CPU
+    priority) outlasted its 10-step interval: skipped evals are said, at info level."""
+    assert codes(run(rec("held_out_eval"))) == ["eval_skipped"]
+    s = store(events(rec("held_out_eval")))
+    tau = evaluation.of_store(s)
+    assert tau is not None and tau.latest is not None and tau.earlier is not None
+    taus = [p.tau for p in tau.info.history if p.tau is not None]
+    assert len(taus) >= 3 and taus[-1] > taus[0] >= 1.0
+    assert tau.trend == "up" and tau.best == tau.latest
+    earlier, followed = s.runs[0], s.runs[-1]
+    assert earlier.eval is not None and tau.earlier.run_id == earlier.run_id
+    assert tau.earlier.point == earlier.eval.best
+    assert followed.eval is not None and followed.eval.data == "builtin:tiny-chat-answers"
+    assert tau.info.skipped > 0 and "skipped" in tau.state()
 
 
 def test_crashed_in_thread():

@@ -21,7 +21,9 @@ def tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 
 
-def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_dir):
+def test_demo_in_tmux_shows_gpus_phase_steps_queues_and_tau(
+    tmp_path, dflash_cache_dir, tiny_chat_ready
+):
     session = f"dflash-test-{os.getpid()}"
     env = {
         "XDG_STATE_HOME": str(tmp_path / "state"),
@@ -40,7 +42,7 @@ def test_demo_in_tmux_shows_gpus_phase_steps_and_queues(tmp_path, dflash_cache_d
     try:
         deadline = time.monotonic() + 90
         screen = ""
-        wanted = ("no NVIDIA GPU", "training", "tok/s", "step=", "q_hs", "drafter-1 ")
+        wanted = ("no NVIDIA GPU", "training", "tok/s", "step=", "q_hs", "drafter-1 ", "τ ")
         while time.monotonic() < deadline:
             screen = tmux("capture-pane", "-t", session, "-p")
             if all(w in screen for w in wanted):

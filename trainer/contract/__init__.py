@@ -13,6 +13,7 @@ describes the files and their versioning; each module here owns one part:
   checkpoints checkpoint sidecars, and the one rule for the newest good checkpoint
   comparable which earlier runs a run may be compared with
   environment the environment fingerprint and the fast-kernel preflight (config.json `run`)
+  evaluation held-out τ during training: the heartbeat's `eval`, a metrics row's
   telemetry  telemetry.jsonl, the bounded heartbeat history
   protocol   the agent's events and commands, with their client timeouts
   codehash   the trainer's code hash
