@@ -196,7 +196,7 @@ Work = Callable[["Link", "Store"], Awaitable[int]]
 
 
 async def _with_link(target: Target, work: Work, follow: str | None = None) -> int:
-    from dflash_tui.link.link import Link, LinkError
+    from dflash_tui.link.link import BadInput, Link, LinkError
     from dflash_tui.state import Store
 
     store = Store(target.name)
@@ -205,6 +205,9 @@ async def _with_link(target: Target, work: Work, follow: str | None = None) -> i
     try:
         await link.wait_connected(30)
         return await work(link, store)
+    except BadInput as e:  # what the command named is not there: bad input, as elsewhere
+        _err(str(e))
+        return 2
     except LinkError as e:
         _err(str(e))
         return 3 if link.state != "connected" else 1

@@ -25,21 +25,25 @@ def export(
     runs: RunRoot, remote_dir: str, python: str | None, run_id: str, cmd: ExportDrafter
 ) -> dict[str, Any]:
     if cmd.dtype not in DTYPES:
-        raise CommandError(f"dtype {cmd.dtype!r}: one of {', '.join(DTYPES)}")
+        raise CommandError(f"dtype {cmd.dtype!r}: one of {', '.join(DTYPES)}", bad_input=True)
     run_dir = runs.checked_dir(run_id)
     step = cmd.step
     if step is None:
         choice = Checkpoints().choice(run_dir)
         if choice.step is None:
             why = "; ".join(f"{n}: {w}" for n, w in choice.skipped) or "it has none"
-            raise CommandError(f"run {run_id}: no good checkpoint to export ({why})")
+            raise CommandError(
+                f"run {run_id}: no good checkpoint to export ({why})", bad_input=True
+            )
         step = choice.step
     elif step < 0:
-        raise CommandError(f"step {step}: a checkpoint's step is not negative")
+        raise CommandError(f"step {step}: a checkpoint's step is not negative", bad_input=True)
     release = release_dir(remote_dir)
     folder = os.path.join(remote_dir, EXPORTS)
     os.makedirs(folder, exist_ok=True)
     out = os.path.join(folder, f"{run_id}-step-{step}-{cmd.dtype}")
+    if os.path.lexists(out):  # not bad input: the export was made before (exit 1)
+        raise CommandError(f"{out}: already exists; an export never overwrites")
     python = python or os.path.abspath(sys.executable)
     argv = [python, "-m", "trainer", "export", run_dir, "--out", out, "--step", str(step),
             "--dtype", cmd.dtype]  # fmt: skip
@@ -59,5 +63,9 @@ def export(
     said = (r.stdout.strip().splitlines() or [""])[-1]
     if r.returncode != 0:
         err = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
-        raise CommandError(f"export of {run_id} step {step}: {err.removeprefix('error: ')}")
+        # The trainer exits 2 for bad input (no checkpoint at that step), 1 for a failure.
+        raise CommandError(
+            f"export of {run_id} step {step}: {err.removeprefix('error: ')}",
+            bad_input=r.returncode == 2,
+        )
     return {"run_id": run_id, "step": step, "out": out, "dtype": cmd.dtype, "said": said}

@@ -313,7 +313,7 @@ class Agent:
                 data = handler(self, cmd)
                 self.out.emit(Result(id=cmd.id, ok=True, data=data))
             except CommandError as e:
-                self.out.emit(Result(id=cmd.id, ok=False, error=str(e)))
+                self.out.emit(Result(id=cmd.id, ok=False, error=str(e), bad_input=e.bad_input))
             except Exception as e:
                 self.out.emit(
                     Result(

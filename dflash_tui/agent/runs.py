@@ -234,11 +234,11 @@ class RunRoot:
         try:
             d = self.run_dir(run_id)
         except ValueError as e:
-            raise CommandError(str(e)) from None
+            raise CommandError(str(e), bad_input=True) from None
         if _is_real(d, stat.S_IFDIR):
             return d
         if not os.path.lexists(d):
-            raise CommandError(f"no run {run_id!r} under {self.path}")
+            raise CommandError(f"no run {run_id!r} under {self.path}", bad_input=True)
         raise Refused(f"{d} is {what_is(d)}: not a run, refused")
 
     def is_run(self, name: str) -> bool:

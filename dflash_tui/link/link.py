@@ -47,6 +47,10 @@ class LinkError(Exception):
     pass
 
 
+class BadInput(LinkError):
+    """The agent refused a command for what it named (no such run, step, checkpoint)."""
+
+
 class Link:
     BACKOFF_START_S = 0.5
     BACKOFF_MAX_S = 30.0
@@ -315,7 +319,8 @@ class Link:
             self._progress.pop(cid, None)
             raise LinkError(f"{cmd.cmd}: no answer within {timeout:.0f}s") from None
         if not result.ok:
-            raise LinkError(str(result.error or "failed"))
+            error = str(result.error or "failed")
+            raise BadInput(error) if result.bad_input else LinkError(error)
         data = result.data if isinstance(result.data, dict) else {}
         return data
 

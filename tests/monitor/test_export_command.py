@@ -40,18 +40,34 @@ def test_export_writes_the_runs_drafter_on_the_host_and_never_overwrites(tmp_pat
     assert earlier.returncode == 0, earlier.stderr
     assert (remote / "exports" / f"{run_dir.name}-step-4-float32" / "config.json").is_file()
 
-    for args, needle in [
-        ([], "already exists; an export never overwrites"),
-        (["--step", "5"], "no checkpoint at step 5 (steps: 4, 8)"),
-        (["--run", "../../etc"], "bad run id"),
-        (["--run", "nope"], "no run 'nope'"),
+    for args, needle, code in [
+        ([], "already exists; an export never overwrites", 1),
+        (["--step", "5"], "no checkpoint at step 5 (steps: 4, 8)", 2),
+        (["--run", "../../etc"], "bad run id", 2),
+        (["--run", "nope"], "no run 'nope'", 2),
     ]:
         bad = cli("export", *where, *args)
-        # Refused by the host: one line and exit 1, as every command the agent refuses.
-        assert bad.returncode == 1, (args, bad.stdout, bad.stderr)
+        # Refused by the host in one line: exit 2 for what was named (no such step or run),
+        # 1 for a refusal of the host's state (an export made before).
+        assert bad.returncode == code, (args, bad.stdout, bad.stderr)
         assert needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
         assert "Traceback" not in bad.stderr
     assert sorted(p.name for p in (remote / "exports").iterdir()) == [
         f"{run_dir.name}-step-4-float32",
         f"{run_dir.name}-step-8-bfloat16",
     ]
+
+
+def test_export_of_a_run_that_never_checkpointed_is_bad_input(tmp_path):
+    """A launch whose trainer exits 2 at once (a bad override): a real run dir with no
+    checkpoint. The export names it: one line, exit 2."""
+    remote = tmp_path / "remote"
+    where = ["local", "--remote-dir", str(remote)]
+    assert cli("deploy", *where).returncode == 0
+    r = cli("launch", *where, "--config", str(TINY), "--set", "train.lr=abc")
+    run_id = next(w for w in (r.stdout + r.stderr).split() if "-tiny-cpu-" in w).strip("():,")
+    bad = cli("export", *where, "--run", run_id)
+    assert bad.returncode == 2, (bad.stdout, bad.stderr)
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.endswith(f"run {run_id}: no good checkpoint to export (it has none)"), line
+    assert not (remote / "exports").exists() or not list((remote / "exports").iterdir())

@@ -229,6 +229,8 @@ class Result(Event):
     data: Any = None
     error: str | None = None
     traceback: str | None = None
+    # The command named something that is not there or not valid: the CLI exits 2, not 1.
+    bad_input: bool = False
 
 
 @dataclasses.dataclass(kw_only=True)
