@@ -56,6 +56,31 @@ def test_the_verifying_target_is_the_checkpoint_and_shares_the_training_tensors(
     assert whole.model.embed_tokens is trunc.embed_tokens and whole.lm_head is loaded.model.lm_head
 
 
+def test_the_verifying_target_reads_a_sharded_checkpoint(tmp_path, dflash_cache_dir):
+    """Big targets are saved in shards with an index (the 27B one is 56 GB): the dropped
+    layers are found in whichever shard holds them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.target import load_target
+    from trainer.tiny_target import resolve_target_path
+    from trainer.whole_target import whole_target
+
+    source = resolve_target_path("builtin:tiny-qwen3")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="300KB")
+    AutoTokenizer.from_pretrained(source).save_pretrained(sharded)
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert len(list(sharded.glob("*.safetensors"))) > 3
+    loaded = load_target(sharded, [2], torch.float32, torch.device("cpu"))  # 3 of 8 layers
+    whole = whole_target(loaded, torch.float32, torch.device("cpu"))
+    ids = torch.arange(5, 45)[None]
+    with torch.no_grad():
+        got = whole(input_ids=ids, use_cache=False).logits
+        want = model.eval()(input_ids=ids, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
 def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path, tiny_chat_ready):
     root = tmp_path / "runs"
     r = run_trainer(
