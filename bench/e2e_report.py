@@ -80,6 +80,15 @@ def _run(run_dir: Path, settle_s: float) -> dict[str, Any]:
         out["parent"] = (cfg.get("run") or {}).get("parent")
     except (OSError, ValueError):
         pass
+    if hb.eval is not None:  # held-out τ during training (trainer/online_eval.py)
+        ev = hb.eval
+        out["eval"] = {
+            "history": [[p.step, p.tau] for p in ev.history],
+            "seconds_per_eval": round(ev.seconds / len(ev.history), 2) if ev.history else None,
+            "snapshot_ms": round(ev.snapshot_s * 1e3, 2),
+            "skipped": ev.skipped,
+            "error": ev.error,
+        }
     rows = []
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -161,6 +170,7 @@ def table(path: str) -> str:
         lines.append(f"  phases: {cold.get('phases_s')}")
         lines.append(f"  compile: {cold.get('compile')}")
         lines.append(f"tok/s after settling (run 1): {cold.get('tok_s')}")
+        lines.append(f"held-out eval (run 1): {cold.get('eval')}")
     if len(runs) > 1:
         warm = runs[1]
         lines.append(
