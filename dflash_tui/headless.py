@@ -113,6 +113,10 @@ def status_line(
     phase, in_phase = s.shown_phase()
     hb = s.heartbeat
     graphs = compile_progress.short(hb)
+    progress = hb.phase_progress if hb is not None and not graphs else None
+    if progress is not None and progress.total and hb is not None and hb.phase == phase:
+        # What the phase is counting (lines of data; a builtin's first build while starting)
+        graphs = f"({progress.unit} {progress.done}/{progress.total})"
     fields = [
         f"{clock} {phase or 'no run'}"
         + (f" {duration(in_phase)}" if phase and in_phase is not None else "")

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from hypothesis import settings
@@ -48,27 +48,58 @@ def tiny_target_dir(dflash_cache_dir: Path) -> Path:
     return resolve_target_path("builtin:tiny-qwen3")
 
 
-@pytest.fixture(scope="session")
-def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """builtin:tiny-qwen3-chat and builtin:tiny-chat-answers in this session's cache. Their
-    build trains a model (~1.5 min on two cores): made once for all xdist workers, in a folder
-    they share (under a lock), and copied into each worker's cache."""
-    import shutil
+class ChatBuild(NamedTuple):
+    cache: Path
+    # (unit, done, total) of `starting`'s progress, as the heartbeat said it while the build
+    # ran in a real trainer; empty when the builtins were there already
+    progress: list[tuple[str, int, int]]
 
-    from trainer.tiny_chat_target import ANSWERS, ensure_answers
+
+@pytest.fixture(scope="session")
+def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ChatBuild:
+    """builtin:tiny-qwen3-chat and builtin:tiny-chat-answers in this session's cache. Their
+    build trains a model (~1.5 min alone on two cores): made once, by a real trainer run of
+    the demo config (its heartbeat polled for the build's progress), in a folder the xdist
+    workers share (the builds lock), then copied into this worker's cache."""
+    import shutil
+    import tempfile
+
+    from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+    from trainer.tiny_chat_target import ANSWERS
     from trainer.tiny_target import BUILTIN_TARGETS
 
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DFLASH_CACHE_DIR", str(shared))
-        answers = ensure_answers(shared)
+    answers = shared / "datasets" / f"{ANSWERS}.jsonl"
+    seen: list[tuple[str, int, int]] = []
+    if not answers.is_file():
+        runs = Path(tempfile.mkdtemp(prefix="chat-build-", dir=base))
+        demo = ROOT / "trainer" / "configs" / "demo-cpu.toml"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--config", str(demo), "--run-root", str(runs),
+             "--max-steps", "1", "--set", "eval.final=false", "--set", "eval.every=0",
+             "--set", "runtime.wandb_mode=disabled"],
+            cwd=ROOT, env={**os.environ, "DFLASH_CACHE_DIR": str(shared)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        while proc.poll() is None:
+            for beat in runs.glob("*/heartbeat.json"):
+                hb = read_heartbeat(beat)
+                p = hb.phase_progress if isinstance(hb, Heartbeat) else None
+                if (
+                    p is not None
+                    and p.total
+                    and (not seen or seen[-1] != (p.unit, p.done, p.total))
+                ):
+                    seen.append((p.unit, p.done, p.total))
+            time.sleep(0.2)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     target = BUILTIN_TARGETS["tiny-qwen3-chat"][0]
     if not (dflash_cache_dir / target).exists():
         shutil.copytree(shared / target, dflash_cache_dir / target)
     (dflash_cache_dir / "datasets").mkdir(exist_ok=True)
     shutil.copy(answers, dflash_cache_dir / "datasets" / f"{ANSWERS}.jsonl")
-    return dflash_cache_dir
+    return ChatBuild(dflash_cache_dir, seen)
 
 
 @pytest.fixture(scope="session")

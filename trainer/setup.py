@@ -16,9 +16,10 @@ from torch import Tensor
 
 from trainer.attention import compiled_flex_attention, resolve_backend
 from trainer.blocks import default_gamma
+from trainer.builtin_progress import reporting
 from trainer.config import Config, check_mask_token, check_target_fit
 from trainer.contract.heartbeat import DataInfo
-from trainer.contract.phases import LOADING_DATA, LOADING_TARGET
+from trainer.contract.phases import LOADING_DATA, LOADING_TARGET, STARTING
 from trainer.data import (
     LoadReport,
     Sample,
@@ -87,6 +88,16 @@ class TargetLoader(threading.Thread):
         if self._error is not None:
             raise self._error
         return self._targets
+
+
+def _built(
+    phase: Callable[..., None], progress: Callable[..., None], unit: str, done: int, total: int
+) -> None:
+    """A builtin's first build, counted in `starting`'s progress (the monitor shows it).
+    Each unit's first report (0 or 1 done) starts its count."""
+    if done in (0, 1):
+        phase(STARTING, total=total, unit=unit)
+    progress(done, unit)
 
 
 def resolve_device(name: str, key: str) -> torch.device:
@@ -231,8 +242,9 @@ def build_run(
     settings = loss_settings(cfg, drafter_devices[0])
     for dev in drafter_devices[1:]:
         loss_settings(cfg, dev)  # refuses flex on a CPU replica too
-    data_path = resolve_data_path(cfg.data.path)
-    target_path = resolve_target_path(cfg.target.path)
+    with reporting(lambda unit, done, total: _built(phase, progress, unit, done, total)):
+        data_path = resolve_data_path(cfg.data.path)  # a builtin may be built here, once
+        target_path = resolve_target_path(cfg.target.path)
     info = read_target_info(target_path)
     n_draft = cfg.drafter.num_layers
     # DFlash's spread reads one target layer per drafter layer: none for more than the target has.

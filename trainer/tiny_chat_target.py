@@ -28,8 +28,11 @@ from typing import Any
 
 import torch
 
+from trainer.builtin_progress import report
 from trainer.synthetic import generate_conversations
 
+UNIT_TRAIN = "steps training builtin:tiny-qwen3-chat (once)"
+UNIT_ANSWERS = "generating builtin:tiny-chat-answers (once)"
 SEED = 7  # builtin:synthetic-chat is seed 0: other conversations, the same patterns
 CONVERSATIONS = 3000
 STEPS = 200
@@ -70,6 +73,7 @@ def train_chat(model: Any, tokenizer: Any, say: Callable[[str], None]) -> float:
         loss.backward()
         opt.step()
         recent = [*recent[-19:], loss.item()]
+        report(UNIT_TRAIN, step + 1, STEPS)
         if (step + 1) % 50 == 0:
             say(
                 f"target: training tiny-qwen3-chat: step {step + 1}/{STEPS}, loss "
@@ -103,8 +107,13 @@ def ensure_answers(cache_root: Path) -> Path:
             cfg.data.path = "builtin:synthetic-chat"
             cfg.data.seq_buckets = [256]
             say = partial(print, file=sys.stderr, flush=True)
+            from trainer.tiny_target import resolve_target_path
+
+            resolve_target_path(cfg.target.path)  # built first, its own progress said
             say(f"data: generating builtin:tiny-chat-answers into {out} (once)")
+            report(UNIT_ANSWERS, 0, 1)
             done = regenerate(cfg, out, ANSWER_TOKENS, say=say)
+            report(UNIT_ANSWERS, 1, 1)
             n, tokens, took = done["prompts"], done["answer_tokens"], done["seconds"]
             say(f"data: {n} answers, {tokens} tokens, {took}s")
     return out

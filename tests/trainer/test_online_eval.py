@@ -129,6 +129,24 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
     assert online[60]["tau"] > online[30]["tau"] > 1.0, online
 
 
+@pytest.mark.serial  # the fixture's build, alone; this test reads what it saw
+def test_the_chat_targets_first_build_shows_its_progress_in_the_heartbeat(tiny_chat_ready):
+    """Built by a real trainer run of the demo config on an empty cache: `starting` counts
+    the target's training steps, then the answers, in the heartbeat's phase_progress (what
+    the TUI and the headless line show during the ~1.5 minutes)."""
+    from trainer.tiny_chat_target import STEPS, UNIT_ANSWERS, UNIT_TRAIN
+
+    seen = tiny_chat_ready.progress
+    if not seen:
+        pytest.skip("the builtins were built before this session's fixture ran")
+    trained = [done for unit, done, total in seen if unit == UNIT_TRAIN and total == STEPS]
+    # Polled every 0.2 s: the last steps may pass between two looks.
+    assert len(trained) >= 3 and trained == sorted(trained) and trained[-1] > STEPS - 10, seen
+    # Then the answers (their 1 of 1 lasts a moment: the data's own count follows at once).
+    last_step = seen.index((UNIT_TRAIN, trained[-1], STEPS))
+    assert (UNIT_ANSWERS, 0, 1) in seen[last_step:], seen
+
+
 def test_an_eval_outlasting_its_interval_is_skipped_and_training_never_waits(tmp_path):
     root = tmp_path / "runs"
     r = run_trainer(
