@@ -67,6 +67,7 @@ class TargetLoader(threading.Thread):
         # fails ("Could not import module …", seen once in a CPU test run): resolve the
         # loader's entry point here, on the starting thread, before the thread exists.
         from transformers import AutoModelForCausalLM  # noqa: F401
+
         self.path, self.layer_ids, self.devices = path, layer_ids, devices
         self.dtype_name, self.progress = dtype_name, progress
         self.span, self.delay_s = span, delay_s
