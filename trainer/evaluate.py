@@ -116,21 +116,35 @@ def evaluate(
     for prompt in chosen_prompts:
         _, one = speculative_decode(model, layer_ids, propose, prompt, new_tokens, arch.block_size)
         stats.add(one)
-    result = {
-        "run_id": saved.get("run", {}).get("run_id", run_dir.name),
-        "step": chosen,
-        "held_out": held_out > 0,
-        "prompts": len(chosen_prompts),
-        "new_tokens": new_tokens,
-        "device": str(dec.device),
-        **stats.summary(),
-        "seconds": round(time.monotonic() - t0, 2),
-        "at": time.time(),
-    }
-    out = eval_path(run_dir, chosen)
+    run_id = saved.get("run", {}).get("run_id", run_dir.name)
+    seconds = round(time.monotonic() - t0, 2)
+    return write_eval(run_dir, run_id, chosen, held_out > 0, len(chosen_prompts), new_tokens,
+                      str(dec.device), stats.summary(), seconds)  # fmt: skip
+
+
+def write_eval(
+    run_dir: Path,
+    run_id: str,
+    step: int,
+    held_out: bool,
+    prompts: int,
+    new_tokens: int,
+    device: str,
+    summary: dict[str, Any],  # DecodeStats.summary()
+    seconds: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """eval/step-N.json, the one writer (`python -m trainer eval` and the eval thread,
+    trainer/online_eval.py): the record, as written."""
+    record = {
+        "run_id": run_id, "step": step, "held_out": held_out, "prompts": prompts,
+        "new_tokens": new_tokens, "device": device, **summary, "seconds": seconds,
+        "at": time.time(), **extra,
+    }  # fmt: skip
+    out = eval_path(run_dir, step)
     out.parent.mkdir(exist_ok=True)
-    atomic_write_json(out, result)
-    return result
+    atomic_write_json(out, record)
+    return record
 
 
 def describe(r: dict[str, Any]) -> str:

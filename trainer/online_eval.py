@@ -36,8 +36,7 @@ import torch
 
 from trainer.config import one_line
 from trainer.contract.evaluation import HISTORY, EvalInfo, EvalPoint, EvalResult
-from trainer.evaluate import eval_path, prompt_of
-from trainer.fsutil import atomic_write_json
+from trainer.evaluate import prompt_of, write_eval
 from trainer.model import DFlashDrafter
 from trainer.speculative import DecodeStats, drafter_proposer, speculative_decode
 from trainer.target import resolve_dtype
@@ -203,7 +202,7 @@ class OnlineEval:
                 try:
                     if job.ready is not None:
                         torch.cuda.current_stream(self.device).wait_event(job.ready)
-                    result = self._evaluate(model, propose, job)
+                    result, summary = self._evaluate(model, propose, job)
                 except _Abandoned:
                     self.log(f"eval: step {job.step} left unfinished: the run is stopping")
                 except Exception as e:
@@ -211,7 +210,7 @@ class OnlineEval:
                         self.info.error = f"step {job.step}: {one_line(str(e))}"
                         self.log(f"eval: failed at step {job.step}: {self.info.error}")
                 else:
-                    self._record(result)
+                    self._record(result, summary)
                 finally:
                     if stream is not None:  # the next copy of the weights must not race it
                         stream.synchronize()
@@ -221,7 +220,7 @@ class OnlineEval:
                         self._idle.notify_all()
                         self._publish_locked()
 
-    def _evaluate(self, model: Any, propose: Any, job: _Job) -> EvalResult:
+    def _evaluate(self, model: Any, propose: Any, job: _Job) -> tuple[EvalResult, dict[str, Any]]:
         t0 = time.monotonic()
         arch = self.setup.arch
         layer_ids = list(arch.target_layer_ids)
@@ -237,7 +236,7 @@ class OnlineEval:
                 raise _Abandoned
             stats.add(one)
         s = stats.summary()
-        return EvalResult(
+        result = EvalResult(
             step=job.step,
             tau=s["tau"],
             per_position=s["per_position"],
@@ -249,30 +248,11 @@ class OnlineEval:
             at=time.time(),
             train_acc=job.train_acc,
         )
+        return result, s
 
-    def _record(self, r: EvalResult) -> None:
-        path = eval_path(self.run_dir, r.step)
-        path.parent.mkdir(exist_ok=True)
-        atomic_write_json(
-            path,
-            {
-                "run_id": self.run_dir.name,
-                "step": r.step,
-                "held_out": True,
-                "prompts": r.prompts,
-                "new_tokens": self.new_tokens,
-                "device": str(self.device),
-                "tau": r.tau,
-                "per_position": r.per_position,
-                "verify_steps": r.verify_steps,
-                "tokens": r.tokens,
-                "tok_s": r.tok_s,
-                "block_size": self.setup.arch.block_size,
-                "seconds": r.seconds,
-                "at": r.at,
-                "during_training": True,
-            },
-        )
+    def _record(self, r: EvalResult, summary: dict[str, Any]) -> None:
+        write_eval(self.run_dir, self.run_dir.name, r.step, True, r.prompts, self.new_tokens,
+                   str(self.device), summary, r.seconds, during_training=True)  # fmt: skip
         tau = f"{r.tau:.2f}" if r.tau is not None else "-"
         shares = " ".join(f"{x:.2f}" for x in r.per_position[:4])
         with self._lock:
