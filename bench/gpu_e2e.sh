@@ -130,6 +130,14 @@ tail -2 "$work/kill.txt" | tee -a "$log"
 mark kill-end line="$(tail -1 "$work/kill.txt")"
 "${cli[@]}" runs "${where[@]}" 2>&1 | tee -a "$log"
 
+say "export the stopped run's drafter for serving"
+mark export-start
+"${cli[@]}" export "${where[@]}" > "$work/export.txt" 2>&1
+echo "export rc=$?" | tee -a "$log"
+tail -3 "$work/export.txt" | tee -a "$log"
+mark export-end line="$(tail -1 "$work/export.txt")"
+du -sh "$remote"/exports/* 2>/dev/null | tee -a "$log"
+
 say "the bare pipeline on the same config and data (bench/pipeline_harness.py)"
 python3 bench/pipeline_harness.py --config "$config" "${sets[@]}" --settle "$settle_s" \
   --measure "$harness_s" 2>&1 | grep -E "^HARNESS|Error|error" | tee -a "$log" | tee "$work/harness.txt"

@@ -2,8 +2,8 @@
 
     python3 bench/make_bench_target.py /tmp/qwen3-8b-random
 
-Only layers 0..33 are written (a 5-layer drafter reads up to layer 33 of 36), with a config
-that says 36 layers: the trainer's truncated load reads exactly what it needs.
+All 36 layers are written: training reads layers 0..33 (a 5-layer drafter's deepest is 33),
+and the held-out eval's verifying target reads the 2 it drops (trainer/whole_target.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from trainer.tiny_target import build_tokenizer
 
 def main(out: Path) -> None:
     t0 = time.time()
-    kept = 34
     cfg = Qwen3Config(
         vocab_size=151936,
         hidden_size=4096,
         intermediate_size=12288,
-        num_hidden_layers=kept,
+        num_hidden_layers=36,
         num_attention_heads=32,
         num_key_value_heads=8,
         head_dim=128,
@@ -36,8 +35,6 @@ def main(out: Path) -> None:
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg)
-    model.config.num_hidden_layers = 36  # the full model's depth; layers 34, 35 not stored
-    model.config.layer_types = ["full_attention"] * 36
     model.save_pretrained(out)
     build_tokenizer().save_pretrained(out)
     print(f"wrote {out} in {time.time() - t0:.1f}s", flush=True)

@@ -81,6 +81,26 @@ def test_the_verifying_target_reads_a_sharded_checkpoint(tmp_path, dflash_cache_
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
+def test_a_checkpoint_cut_to_the_trained_layers_is_refused_by_name(tmp_path, dflash_cache_dir):
+    """A target saved with only the layers training reads (the first 8B bench target was)
+    cannot verify: the eval names the missing layer instead of running on random weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.target import load_target
+    from trainer.tiny_target import resolve_target_path
+    from trainer.whole_target import whole_target
+
+    source = resolve_target_path("builtin:tiny-qwen3")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model.model.layers = model.model.layers[:5]  # the config still says 8
+    cut = tmp_path / "cut"
+    model.save_pretrained(cut)
+    AutoTokenizer.from_pretrained(source).save_pretrained(cut)
+    loaded = load_target(cut, [1, 4], torch.float32, torch.device("cpu"))  # trains fine
+    with pytest.raises(ValueError, match=r"layer 5 of 8 is not in its \.safetensors files"):
+        whole_target(loaded, torch.float32, torch.device("cpu"))
+
+
 # Serial: its fixture trains the chat target (~1.5 min alone on two cores; beside the other
 # tests' trainers it took over 5).
 @pytest.mark.serial
