@@ -76,15 +76,16 @@ def whole_target(loaded: LoadedTarget, dtype: torch.dtype, device: torch.device)
     whole.lm_head = trunc.lm_head
     layer_cls = type(trunc.model.layers[0])
     tensors = _layer_tensors(loaded.path, range(keep, full))
+    absent = [i for i in range(keep, full) if not tensors[i]]
+    if absent:  # a checkpoint cut to the layers training reads (or damaged): refuse first
+        raise ValueError(
+            f"target {loaded.path}: layer {absent[0]} of {full} is not in its .safetensors "
+            f"files; verifying needs every layer (training reads only 0..{keep - 1})"
+        )
     layers: list[nn.Module] = list(trunc.model.layers)
     for i in range(keep, full):
         with torch.device(device):
             layer = layer_cls(config, i).to(dtype)
-        if not tensors[i]:  # a checkpoint cut to the layers training reads (or damaged)
-            raise ValueError(
-                f"target {loaded.path}: layer {i} of {full} is not in its .safetensors files; "
-                f"verifying needs every layer (training reads only 0..{keep - 1})"
-            )
         missing, unexpected = layer.load_state_dict(tensors[i], strict=False)
         if missing or unexpected:  # a wrong mapping would leave random weights: refuse
             names = sorted(missing)[:3] or sorted(unexpected)[:3]
