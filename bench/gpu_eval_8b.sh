@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Held-out τ during training on the 8B config, through dflash-tui commands only, in one short
+# device call: deploy, launch trainer/configs/qwen3-8b-h200.toml with the eval thread every
+# 100 steps, wait for two evals (or MAX_S after the first step), kill. Prints
+# each eval record, the heartbeat's eval figures, and training tok/s in the 100-step windows
+# with and without an eval running, so the eval's cost to training is read from one run.
+#
+#   bench/gpu_eval_8b.sh OUT        (on the GPU machine, repo root; .whl/ carried)
+#   CONFIG=trainer/configs/demo-cpu.toml EVERY=25 bench/gpu_eval_8b.sh OUT  (any machine)
+set -uo pipefail
+out="${1:?usage: bench/gpu_eval_8b.sh OUT}"; mkdir -p "$out"; out=$(cd "$out" && pwd)
+work=/tmp/e8; rm -rf "$work"; mkdir -p "$work"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR="$work/cache"
+log="$out/summary.txt"; : > "$log"
+t0=$(date +%s)
+say() { echo "== $* ($(( $(date +%s) - t0 ))s)" | tee -a "$log"; }
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | grep -v "^WARNING" | tail -3
+  export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="/tmp/site/bin:$PATH"
+fi
+python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))" 2>&1 | tee -a "$log"
+cli=(python3 -m dflash_tui.cli); where=(local --remote-dir "$work/remote")
+config=${CONFIG:-trainer/configs/qwen3-8b-h200.toml}; every=${EVERY:-100}; 
+if [[ $config == *8b* && ! -d /tmp/qwen3-8b-random ]]; then
+  say "build the 8B-shaped target (random weights)"
+  python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1 | tee -a "$log"
+fi
+say deploy
+"${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+say launch
+"${cli[@]}" launch "${where[@]}" --config "$config" --set eval.every="$every" > "$work/launch.txt" 2>&1 \
+  || { tail -5 "$work/launch.txt" | tee -a "$log"; exit 1; }
+tail -1 "$work/launch.txt" | tee -a "$log"
+run=$(ls -d "$work"/remote/runs/*/ | head -1)
+max_s=${MAX_S:-150}; first=""
+for _ in $(seq 1200); do
+  "${cli[@]}" status "${where[@]}" --json > "$work/status.json" 2>/dev/null
+  read -r p s <<< "$(python3 bench/e2e_report.py phase-step "$work/status.json")"
+  [[ -z $first && $p == training ]] && { first=$(date +%s); say "first step"; }
+  [[ $p == crashed || $p == finished || $p == stopped ]] && break
+  # two evals written (one due while another ran is skipped, so count them, not steps)
+  [[ $(ls "$run"/eval/step-*.json 2>/dev/null | wc -l) -ge 2 ]] && break
+  [[ -n $first && $(( $(date +%s) - first )) -ge $max_s ]] && break
+  sleep 1
+done
+say "stop: $p at step $s"
+"${cli[@]}" status "${where[@]}" 2>&1 | tail -4 | tee -a "$log"
+"${cli[@]}" kill "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+grep -E "eval" "$run/train.log" | grep -v "^wandb" | cut -c1-220 | tail -8 | tee -a "$log"
+cp -r "$run/eval" "$out/" 2>/dev/null; cp "$run/heartbeat.json" "$run/metrics.jsonl" "$run/train.log" "$out/" 2>/dev/null
+python3 - "$run" <<'PY' 2>&1 | tee -a "$log"
+import glob, json, statistics, sys
+run = sys.argv[1]
+hb = json.load(open(f"{run}/heartbeat.json"))
+ev = hb.get("eval") or {}
+print(f"heartbeat eval: steps {[p['step'] for p in ev.get('history', [])]} skipped {ev.get('skipped')} "
+      f"thread {ev.get('seconds')}s snapshot {ev.get('snapshot_s')}s error {ev.get('error')}")
+evals = [json.load(open(f)) for f in sorted(glob.glob(f"{run}/eval/step-*.json"))]
+spans = []
+for r in evals:
+    print(f"eval step {r['step']}: held_out {r['held_out']} tau {r['tau']:.3f} of {r['block_size']} "
+          f"{r['prompts']}x{r['new_tokens']} tokens, {r['seconds']:.1f}s, {r['tok_s']} tok/s, per_position {[round(x, 2) for x in r['per_position'][:4]]}")
+    spans.append((r["at"] - r["seconds"], r["at"]))
+rows = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if l.strip()]
+busy = lambda t: any(a <= t <= b for a, b in spans)
+during = [r["tok_s"] for r in rows if r["step"] > 20 and busy(r["time"])]
+outside = [r["tok_s"] for r in rows if r["step"] > 20 and not busy(r["time"])]
+med = lambda xs: round(statistics.median(xs)) if xs else None
+print(f"TABLE | tok/s outside evals (median of {len(outside)} rows) | {med(outside)} |")
+print(f"TABLE | tok/s while an eval ran (median of {len(during)} rows) | {med(during)} |")
+for r in evals:
+    print(f"TABLE | eval at step {r['step']}: tau | {r['tau']:.3f} | seconds | {r['seconds']:.1f} |")
+PY
+say done
