@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Held-out τ during training on the 8B config, through dflash-tui commands only, in one short
 # device call: deploy, launch trainer/configs/qwen3-8b-h200.toml with the eval thread every
-# 100 steps, wait for two evals (or MAX_S after the first step), kill. Prints
+# 100 steps, wait for EVALS evals (2; or MAX_S after the first step), report, kill. Prints
 # each eval record, the heartbeat's eval figures, and training tok/s in the 100-step windows
 # with and without an eval running, so the eval's cost to training is read from one run.
 #
@@ -14,11 +14,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 DFLASH_CA
 log="$out/summary.txt"; : > "$log"
 t0=$(date +%s)
 say() { echo "== $* ($(( $(date +%s) - t0 ))s)" | tee -a "$log"; }
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | grep -v "^WARNING" | tail -3
-  export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="/tmp/site/bin:$PATH"
+if compgen -G ".whl/*.whl" >/dev/null; then  # a wheel is a zip: unpacking is pip's 12 s in 1
+  mkdir -p /tmp/site && for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))" 2>&1 | tee -a "$log"
+python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')" 2>&1 | tee -a "$log"
 cli=(python3 -m dflash_tui.cli); where=(local --remote-dir "$work/remote")
 config=${CONFIG:-trainer/configs/qwen3-8b-h200.toml}; every=${EVERY:-100}; 
 if [[ $config == *8b* && ! -d /tmp/qwen3-8b-random ]]; then
@@ -38,14 +38,13 @@ for _ in $(seq 1200); do
   read -r p s <<< "$(python3 bench/e2e_report.py phase-step "$work/status.json")"
   [[ -z $first && $p == training ]] && { first=$(date +%s); say "first step"; }
   [[ $p == crashed || $p == finished || $p == stopped ]] && break
-  # two evals written (one due while another ran is skipped, so count them, not steps)
-  [[ $(ls "$run"/eval/step-*.json 2>/dev/null | wc -l) -ge 2 ]] && break
+  # EVALS written (one due while another ran is skipped, so count them, not steps)
+  [[ $(ls "$run"/eval/step-*.json 2>/dev/null | wc -l) -ge ${EVALS:-2} ]] && break
   [[ -n $first && $(( $(date +%s) - first )) -ge $max_s ]] && break
   sleep 1
 done
 say "stop: $p at step $s"
 "${cli[@]}" status "${where[@]}" 2>&1 | tail -4 | tee -a "$log"
-"${cli[@]}" kill "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
 grep -E "eval" "$run/train.log" | grep -v "^wandb" | cut -c1-220 | tail -8 | tee -a "$log"
 cp -r "$run/eval" "$out/" 2>/dev/null; cp "$run/heartbeat.json" "$run/metrics.jsonl" "$run/train.log" "$out/" 2>/dev/null
 python3 - "$run" <<'PY' 2>&1 | tee -a "$log"
@@ -71,4 +70,6 @@ print(f"TABLE | tok/s while an eval ran (median of {len(during)} rows) | {med(du
 for r in evals:
     print(f"TABLE | eval at step {r['step']}: tau | {r['tau']:.3f} | seconds | {r['seconds']:.1f} |")
 PY
+say "kill (a graceful stop writes its checkpoint first)"
+"${cli[@]}" kill "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
 say done

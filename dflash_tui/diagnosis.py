@@ -1468,7 +1468,15 @@ def eval_skipped(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     info = s.eval_info()
     if info is None or info.skipped == 0:
         return []
-    took = f"; the last took {_dur(info.last.seconds)}" if info.last is not None else ""
+    # The mean, not the last: a run's final eval may be far shorter (it decodes on an idle
+    # GPU) and say "0s" of evals that each outlasted eval.every.
+    done = len(info.history)
+    if done:
+        took = f"; {done} ran, {_dur(info.seconds / done)} each on average"
+    elif info.running_step is not None:
+        took = f"; none has finished yet (step {info.running_step}'s is still running)"
+    else:
+        took = ""
     return [
         Finding(
             "info",

@@ -14,12 +14,20 @@ One step, as in DFlash inference (and SpecForge's `spec_generate`):
 Greedy verification is lossless: the tokens produced are the target's own greedy decoding,
 whatever the drafter proposes (tests/trainer/test_speculative.py checks both that and τ
 against a brute-force reference). The target here is the whole model (logits for
-verification), not the truncated one training feeds on; no KV cache: every step runs the
-target over the whole sequence, simple and exact at evaluation sizes.
+verification), not the truncated one training feeds on.
+
+The target keeps its KV cache across steps (`CachedTarget`), as a server does: a verify
+step runs it over the block only (16 tokens), not the whole sequence again. Without it, an
+eval on the 8B config (8 prompts × 64 tokens, ~550-token contexts) had not finished after
+150 s on the H200 beside training. Rejected drafts leave the cache two ways: a full-attention
+target's cache is cut back (`crop`); a hybrid's Gated DeltaNet state cannot be cut, so the
+block is verified on a copy of the cache and the accepted tokens are then fed to the kept one.
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,6 +112,81 @@ def drafter_proposer(drafter: Any) -> Proposer:
     return propose
 
 
+def has_linear_attention(model: Any) -> bool:
+    """A hybrid (Qwen3.5/3.6): some layers are Gated DeltaNet, whose cached state is a running
+    sum that cannot be cut back to an earlier position."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    return "linear_attention" in (getattr(cfg, "layer_types", None) or ())
+
+
+class CachedTarget:
+    """The whole target with its cache of the accepted sequence so far: `prefill` the prompt,
+    then per step `verify` anchor + drafts (the target's greedy token after each of them, and
+    their features) and `accept` how many of them the sequence keeps."""
+
+    def __init__(self, model: Any, layer_ids: list[int]) -> None:
+        self.model, self.layer_ids = model, layer_ids
+        self.device = next(model.parameters()).device
+        self.copy_to_roll_back = has_linear_attention(model)
+        self.cache: Any = None
+        self.length = 0  # tokens in self.cache
+        self._verified: Any = None  # the cache that saw the whole block (a copy, for hybrids)
+        self._block: list[int] = []
+        # transformers 5.24 renamed the argument `past_key_values` to `cache` (the old name
+        # warns, and goes in 5.40); 5.17, on the H200, knows only the old one
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def _forward(self, ids: list[int], cache: Any, **kw: Any) -> tuple[Any, Any]:
+        """(the model's output, the cache it leaves)."""
+        kw[self._cache_arg] = cache
+        out = self.model(
+            input_ids=torch.tensor([ids], device=self.device), use_cache=True,
+            output_hidden_states=True, **kw,
+        )  # fmt: skip
+        kept = getattr(out, "past_key_values", None)
+        return out, kept if kept is not None else getattr(out, "cache", None)
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int]) -> tuple[int, Tensor]:
+        """(the target's greedy token after `ids`, their features [len(ids), n*H])."""
+        # The model makes the cache it needs (a hybrid's has Gated DeltaNet layers); only the
+        # last position's logits are wanted, not [len, vocab] of them.
+        out, self.cache = self._forward(ids, None, logits_to_keep=1)
+        self.length = len(ids)
+        return int(out.logits[0, -1].argmax()), layer_features(out.hidden_states, self.layer_ids)[0]
+
+    @torch.no_grad()
+    def verify(self, block: list[int]) -> tuple[list[int], Tensor]:
+        """(greedy[k]: the target's token after block[: k + 1], the block's features)."""
+        cache = copy.deepcopy(self.cache) if self.copy_to_roll_back else self.cache
+        out, self._verified = self._forward(block, cache)
+        self._block = block
+        return out.logits[0].argmax(-1).tolist(), layer_features(out.hidden_states, self.layer_ids)[
+            0
+        ]
+
+    @torch.no_grad()
+    def accept(self, n: int) -> None:
+        """Keep the first `n` tokens of the last verified block in the cache."""
+        want = self.length + n
+        if self.copy_to_roll_back:
+            if n == len(self._block):
+                self.cache = self._verified
+            else:  # the kept cache never saw the block: feed it what was accepted
+                self.cache = self._forward(self._block[:n], self.cache)[1]
+        else:
+            self.cache = self._verified
+            extra = self.length + len(self._block) - want
+            if extra:
+                # negative: "remove this many" in every transformers version that has crop
+                self.cache.crop(-extra)
+        self._verified, self._block, self.length = None, [], want
+        got = self.cache.get_seq_length()
+        if got != want:  # a cache API that cut elsewhere would verify against the wrong past
+            raise RuntimeError(f"the target's cache holds {got} tokens after a step, not {want}")
+
+
 def speculative_decode(
     model: Any,
     layer_ids: list[int],
@@ -118,19 +201,20 @@ def speculative_decode(
     says so before a step: what it has then is returned)."""
     t0 = time.monotonic()
     stats = DecodeStats(block_size)
-    ids = list(prompt)
-    greedy, feats = target_pass(model, ids, layer_ids)
-    anchor = greedy[-1]  # the prefill's own token
+    target = CachedTarget(model, layer_ids)
+    anchor, feats = target.prefill(list(prompt))  # the prefill's own token is the first anchor
+    n = len(prompt)  # the anchor sits at position n; the context is positions 0 .. n-1
     out = [anchor]
     while len(out) < new_tokens and anchor != eos and not cancel():
-        n = len(ids)  # the anchor sits at position n; the context is positions 0 .. n-1
-        drafts = propose(feats[:n], anchor, n)[: block_size - 1]
-        greedy, feats = target_pass(model, [*ids, anchor, *drafts], layer_ids)
-        accepted = 0  # greedy[n + k]: the target's token after the anchor and k drafts
-        while accepted < len(drafts) and drafts[accepted] == greedy[n + accepted]:
+        drafts = propose(feats, anchor, n)[: block_size - 1]
+        greedy, block_feats = target.verify([anchor, *drafts])
+        accepted = 0  # greedy[k]: the target's token after the anchor and k drafts
+        while accepted < len(drafts) and drafts[accepted] == greedy[accepted]:
             accepted += 1
-        bonus = greedy[n + accepted]
-        ids += [anchor, *drafts[:accepted]]
+        bonus = greedy[accepted]
+        target.accept(accepted + 1)  # the anchor and the accepted drafts
+        feats = torch.cat([feats, block_feats[: accepted + 1]])
+        n += accepted + 1
         out += [*drafts[:accepted], bonus]
         stats.accepted.append(accepted)
         anchor = bonus

@@ -1,4 +1,5 @@
-"""The speculative decoding loop against brute force, on the tiny target (fp32, CPU):
+"""The speculative decoding loop, its target cached across steps, against brute force (a
+whole forward per token, no cache), on the tiny Qwen3 and the tiny Qwen3.5 hybrid (fp32, CPU):
 
 - whatever the drafter proposes, the tokens are the target's own greedy decoding (lossless);
 - the drafts accepted at each step are those a brute-force check finds: the drafter's block
@@ -18,6 +19,7 @@ from trainer.model import DFlashDrafter, DrafterArch
 from trainer.speculative import (
     DecodeStats,
     drafter_proposer,
+    has_linear_attention,
     speculative_decode,
     target_pass,
 )
@@ -27,11 +29,17 @@ BS = 6
 NEW = 30
 
 
-@pytest.fixture(scope="module")
-def target(tiny_target_dir):
+@pytest.fixture(scope="module", params=["qwen3", "qwen3.5-hybrid"])
+def target(request):
+    """Both cache kinds: full attention (cut back after a rejection) and the Gated DeltaNet
+    hybrid (verified on a copy, the accepted tokens fed to the kept cache)."""
+    where = request.getfixturevalue(
+        "tiny_target_dir" if request.param == "qwen3" else "tiny_hybrid_text_dir"
+    )
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
-    info = read_target_info(tiny_target_dir)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).eval()
+    info = read_target_info(where)
+    assert has_linear_attention(model) == (request.param != "qwen3")
     return model, default_target_layer_ids(info.num_layers, 2), info
 
 
