@@ -148,6 +148,12 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
+    if name == "status":
+        p.add_argument(
+            "--run-dir",
+            help="diagnose this run dir (on TARGET's host; a copied one works too) instead "
+            "of the run root's latest: what went wrong here, after the fact",
+        )
     if name == "deploy":
         p.add_argument(
             "--no-compile-cache",
@@ -322,12 +328,12 @@ async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
         return 2
 
 
-async def _monitor(args: argparse.Namespace, target: Target) -> int:
+async def _monitor(args: argparse.Namespace, target: Target, follow: str = "latest") -> int:
     from dflash_tui.headless import Headless
 
     if args.once or args.headless or args.json:
         return await Headless(
-            target, interval=args.interval, as_json=args.json, once=args.once
+            target, interval=args.interval, as_json=args.json, once=args.once, follow=follow
         ).run()
     from dflash_tui.app import run_app
     from dflash_tui.themes import ThemeError
@@ -383,6 +389,36 @@ async def _demo(args: argparse.Namespace) -> int:
     return code
 
 
+def _status_of_run_dir(args: argparse.Namespace) -> int:
+    """`status --run-dir PATH`: the run root is PATH's folder, the followed run PATH's name;
+    the agent reads it as it reads a live one (its readers, its liveness checks)."""
+    import posixpath
+
+    if args.run_root:
+        _err("--run-dir names the run root itself (its folder): leave out --run-root")
+        return 2
+    path = args.run_dir.rstrip("/") or "/"
+    root, run_id = posixpath.split(path)
+    if not run_id or run_id in (".", ".."):
+        _err(f"--run-dir {path}: name the run dir itself, e.g. runs/20260101-120000-NAME-abcd")
+        return 2
+    args.run_root = root or "."
+    target = target_from(args, args.target)
+    if target.kind == "local":
+        here = Path(path)
+        marks = ("heartbeat.json", "launch.json", "config.json")
+        if not here.is_dir():
+            _err(f"--run-dir {path}: no such directory")
+            return 2
+        if not any((here / m).is_file() for m in marks):
+            _err(f"--run-dir {path}: not a run dir (none of {', '.join(marks)} in it)")
+            return 2
+        args.run_root = str(here.resolve().parent)
+        target = target_from(args, args.target)
+    args.once = True
+    return asyncio.run(_monitor(args, target, follow=run_id))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
@@ -392,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             args = build_command_parser(name).parse_args(argv)
             if name == "demo":
                 return asyncio.run(_demo(args))
+            if name == "status" and args.run_dir:
+                return _status_of_run_dir(args)
             target = target_from(args, args.target)
             if name == "status":
                 args.once = True

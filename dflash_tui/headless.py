@@ -197,6 +197,7 @@ class Headless:
         as_json: bool = False,
         once: bool = False,
         link: Link | None = None,
+        follow: str = "latest",
     ) -> None:
         self.target = target
         self.out = out or sys.stdout
@@ -208,7 +209,7 @@ class Headless:
         self.color = self.out.isatty() and not os.environ.get("NO_COLOR") and not as_json
         encoding = getattr(self.out, "encoding", "") or ""
         self.unicode = encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32")
-        self.link = link or Link(target, self.on_event)
+        self.link = link or Link(target, self.on_event, follow=follow)
         self._stop = asyncio.Event()
 
     def write(self, text: str) -> None:
@@ -262,11 +263,20 @@ class Headless:
         """For --once: wait until the picture is complete (or the time is up)."""
         s = self.store
         deadline = time.monotonic() + timeout
+        ready_at: float | None = None
         while time.monotonic() < deadline:
             if s.link.state == "refused":
                 return
             ready = s.hello is not None and s.runs_received and s.follow_received
-            run_seen = s.run_id is None or s.heartbeat is not None or s.heartbeat_error
+            if ready and ready_at is None:
+                ready_at = time.monotonic()
+            # A run that ended before its first heartbeat (a bad --set, a crash while
+            # loading) never writes one: the runs list's exit record is its picture. The
+            # agent sends a heartbeat right after the follow, so a second is ample.
+            ended_without = ready_at is not None and s.ended() and time.monotonic() - ready_at > 1.0
+            run_seen = (
+                s.run_id is None or s.heartbeat is not None or s.heartbeat_error or ended_without
+            )
             if ready and run_seen and s.gpu is not None:
                 return
             await asyncio.sleep(0.05)

@@ -70,6 +70,15 @@ def test_status_is_one_line_and_exit_codes(running):
     assert snap["state"]["run_id"] == run_dir.name and snap["findings"] == []
 
 
+def test_status_of_the_live_runs_own_dir_is_the_live_status(running):
+    _, run_dir = running
+    j = cli("status", "--run-dir", str(run_dir), "--json")
+    assert j.returncode == 0, j.stdout + j.stderr
+    snap = json.loads(j.stdout.splitlines()[0])
+    assert snap["state"]["run_id"] == run_dir.name and snap["state"]["phase"] == "training"
+    assert snap["findings"] == []
+
+
 def headless_until(where, extra, enough, tmp_path, sig, timeout=60):
     """`dflash-tui --headless` writing into a file (as `> file` in tmux) until `enough(text)`,
     then signalled: a fixed sleep is too short on a loaded host (CI ran two at once)."""
