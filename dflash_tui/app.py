@@ -28,6 +28,7 @@ from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
+from dflash_tui.notify import Notifier
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import safe
@@ -76,10 +77,19 @@ class DFlashApp(App[int]):
         link: Any = None,
         connect: bool = True,
         clock: Callable[[], float] = time.time,
+        notify_command: str | None = None,
     ) -> None:
-        """`connect=False`: no link is started (tests feed events with `feed`)."""
+        """`connect=False`: no link is started (tests feed events with `feed`).
+        `notify_command`: --notify's CMD (dflash_tui/notify.py)."""
         super().__init__()
         self.target = target
+        self.notifier = (
+            None
+            if notify_command is None
+            else Notifier(
+                notify_command, target.name, lambda t: self.notify(t, severity="error"), clock=clock
+            )
+        )
         self.store = Store(target.name, clock=clock)
         self.connect = connect
         self.link: Any = link
@@ -174,6 +184,8 @@ class DFlashApp(App[int]):
     async def on_unmount(self) -> None:
         if self.link is not None and self.connect:
             await self.link.close()  # the remote run is left alone
+        if self.notifier is not None:
+            self.notifier.close(wait_s=2.0)
 
     # -- state --------------------------------------------------------------------------
     def feed(self, event: SinkEvent) -> None:
@@ -199,7 +211,10 @@ class DFlashApp(App[int]):
         self.query_one(QueuePane).update_from(s)
         self.query_one(StagePane).update_from(s)
         self.query_one(StepLog).update_from(s)
-        self.query_one(AlertsPane).update_findings(diagnose(s, self.clock(), self.diagnosis))
+        findings = diagnose(s, self.clock(), self.diagnosis)
+        self.query_one(AlertsPane).update_findings(findings)
+        if self.notifier is not None:
+            self.notifier.update(findings, s.run_id)
         self.query_one(Plots).update_from(s)
         log = self.query_one(StepLog)
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")
@@ -380,6 +395,6 @@ async def run_app(target: Target, args: argparse.Namespace) -> int:
     if theme and theme not in themes.available_themes():
         known = ", ".join(sorted(themes.available_themes()))
         raise themes.ThemeError(f"--theme {theme!r}: no such theme (known: {known})")
-    app = DFlashApp(target, theme_name=theme)
+    app = DFlashApp(target, theme_name=theme, notify_command=getattr(args, "notify", None))
     await app.run_async()
     return 0

@@ -18,7 +18,7 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dflash_tui import sanitize
 from dflash_tui.targets import Target, TargetError, resolve_target
@@ -74,6 +74,12 @@ def _common(p: argparse.ArgumentParser, target: bool = True) -> None:
     h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
     h.add_argument("--json", action="store_true", help="JSON lines instead of text")
     h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
+    p.add_argument(
+        "--notify",
+        metavar="CMD",
+        help="run CMD (sh -c) with a JSON finding on stdin when a critical finding appears "
+        "or clears (headless, --once and the TUI), e.g. 'curl -s -d @- https://ntfy.sh/mine'",
+    )
     p.add_argument(
         "--theme",
         help="TUI theme: dark, light, high-contrast or one of yours (remembered; `t` cycles)",
@@ -328,19 +334,33 @@ async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
         return 2
 
 
+def _notifier(args: argparse.Namespace, target: Target, on_error: Callable[[str], None]) -> Any:
+    from dflash_tui.notify import Notifier
+
+    command = getattr(args, "notify", None)
+    return None if command is None else Notifier(command, target.name, on_error)
+
+
 async def _monitor(args: argparse.Namespace, target: Target, follow: str = "latest") -> int:
     from dflash_tui.headless import Headless
-
-    if args.once or args.headless or args.json:
-        return await Headless(
-            target, interval=args.interval, as_json=args.json, once=args.once, follow=follow
-        ).run()
-    from dflash_tui.app import run_app
-    from dflash_tui.themes import ThemeError
+    from dflash_tui.notify import NotifyError
 
     try:
-        return await run_app(target, args)
-    except ThemeError as e:
+        if args.once or args.headless or args.json:
+            notifier = _notifier(args, target, _err)
+            return await Headless(
+                target, interval=args.interval, as_json=args.json, once=args.once,
+                follow=follow, notifier=notifier,
+            ).run()  # fmt: skip
+        from dflash_tui.app import run_app
+        from dflash_tui.themes import ThemeError
+
+        try:
+            return await run_app(target, args)
+        except ThemeError as e:
+            _err(str(e))
+            return 2
+    except NotifyError as e:
         _err(str(e))
         return 2
 

@@ -64,6 +64,7 @@ from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
 from dflash_tui.link.link import Link
+from dflash_tui.notify import Notifier
 from dflash_tui.state import ROLE_LETTER, Store
 from dflash_tui.targets import Target
 from trainer.contract.protocol import Line
@@ -198,8 +199,10 @@ class Headless:
         once: bool = False,
         link: Link | None = None,
         follow: str = "latest",
+        notifier: Notifier | None = None,
     ) -> None:
         self.target = target
+        self.notifier = notifier
         self.out = out or sys.stdout
         self.interval = interval
         self.as_json = as_json
@@ -291,6 +294,7 @@ class Headless:
             if self.once:
                 await self._settled(timeout=15.0)
                 findings = diagnose(self.store, config=self.diagnosis)
+                self._notify(findings)
                 self.write(self.snapshot_text(findings))
                 if not self.as_json:
                     for f in findings:
@@ -300,7 +304,15 @@ class Headless:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval)
                 if not self._stop.is_set():
-                    self.write(self.snapshot_text())
+                    findings = diagnose(self.store, config=self.diagnosis)
+                    self._notify(findings)
+                    self.write(self.snapshot_text(findings))
             return EXIT_OK
         finally:
             await self.link.close()
+            if self.notifier is not None:
+                self.notifier.close()
+
+    def _notify(self, findings: list[Finding]) -> None:
+        if self.notifier is not None:
+            self.notifier.update(findings, self.store.run_id)
