@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from dflash_tui import compile_progress, evaluation
 from dflash_tui.facts import (
+    current_visit,
+    earlier_runs,
     expected_memory,
     faster_environment,
     phase_comparison,
@@ -51,6 +53,7 @@ from trainer.contract.phases import (
     FINAL_PHASES,
     LOADING_DATA,
     LOADING_TARGET,
+    STOPPING,
     TARGET_WAIT,
     TRAINING,
 )
@@ -74,6 +77,9 @@ class DiagnosisConfig:
     stale_factor: float = 3.0  # heartbeat older than this many intervals: hung or dead
     stall_s: float = 120.0  # training, fresh heartbeat, no step for this long: stalled loop
     buffered_s: float = 60.0  # steps advance this long with no step line: stdout buffered
+    # a stop (SIGTERM: the last checkpoint, the threads' exit) that earlier comparable runs
+    # never took this long over (slow_phase_factor and _margin_s); with none to compare:
+    stop_stall_s: float = 180.0
     # slow phases, against the same visit of earlier comparable runs (dflash_tui/facts.py)
     slow_phase_factor: float = 2.0  # slower than this many times the usual duration …
     slow_phase_margin_s: float = 60.0  # … and by more than this (short phases jitter)
@@ -608,6 +614,45 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
 
 
 @rule
+def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """Stopping (asked to stop: the last checkpoint, then every thread's exit) far longer
+    than earlier comparable runs took to stop, or than `stop_stall_s` with none: a save on a
+    hung disk, or a thread that never looks at the stop flag. Until it ends, its GPU memory
+    stays held and a relaunch is refused."""
+    hb = _live(s, now, cfg, STOPPING)
+    if hb is None or not hb.phase_started_at:
+        return []
+    elapsed = s.remote_now(now) - hb.phase_started_at
+    key = current_visit(hb)
+    past = [(r.run_id, r.phases[key]) for r in earlier_runs(s) if key in r.phases]
+    if past:
+        usual = statistics.median(v for _, v in past)
+        bar = max(cfg.slow_phase_factor * usual, usual + cfg.slow_phase_margin_s)
+        against = f"earlier runs stopped in {_dur(usual)} (median of {len(past)}; last: run "
+        against += f"{past[-1][0]}, {_dur(past[-1][1])})"
+    else:
+        bar, against = (
+            cfg.stop_stall_s,
+            f"no earlier comparable run to compare with; bar {_dur(cfg.stop_stall_s)}",
+        )
+    if elapsed < bar:
+        return []
+    threads = [t for t in hb.threads if t.state not in ("done", "")]
+    stuck = max(threads, key=hb.in_state_s, default=None)
+    where = f"; {stuck.name} {stuck.state} for {_dur(hb.in_state_s(stuck))}" if stuck else ""
+    return [
+        Finding(
+            "warning",
+            "stop_stalled",
+            f"stopping for {_dur(elapsed)} at step {hb.step}",
+            f"heartbeat fresh, stopping for {_dur(elapsed)}; {against}{where}",
+            "dump stacks (d) to see what the stop waits for; kill (k) sends SIGKILL after its "
+            "timeout (the newest good checkpoint stays)",
+        )
+    ]
+
+
+@rule
 def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The logged loss is NaN or infinite: the weights are poisoned from that step on and
     every further step is wasted. Names the first bad step and the last good one."""
@@ -648,11 +693,23 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     last_line_step = s.step_lines[-1].step if s.step_lines else 0
     if hb.step - last_line_step < 2:
         return []
-    reference = s.last_step_line_at
-    if reference is None:
-        started = [v.started_at for v in hb.phase_history if v.phase == TRAINING]
-        reference = started[-1] if started else None
-    if reference is None or s.remote_now(now) - reference < cfg.buffered_s:
+    # By the step the last line names, not by when it was read: lines that come in bursts
+    # (a block buffer flushing) arrive fresh yet name a step minutes old, and `status`
+    # reads a whole tail at once. metrics.jsonl, written line by line with the step line,
+    # says when the next line was due.
+    due = next((r for r in s.metrics if r.step > last_line_step and r.time > 0), None)
+    if due is not None:
+        late = s.remote_now(now) - due.time
+        since = f"; step {due.step}'s line was due {duration(late)} ago (metrics.jsonl has it)"
+    else:
+        reference = s.last_step_line_at
+        if reference is None:
+            started = [v.started_at for v in hb.phase_history if v.phase == TRAINING]
+            reference = started[-1] if started else None
+        if reference is None:
+            return []
+        late, since = s.remote_now(now) - reference, ""
+    if late < cfg.buffered_s:
         return []
     return [
         Finding(
@@ -660,7 +717,7 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "output_buffered",
             "output buffered: steps advance, no step line",
             f"heartbeat at step {hb.step}, train.log's last step line is "
-            f"{'step ' + str(last_line_step) if s.step_lines else 'none'}",
+            f"{'step ' + str(last_line_step) if s.step_lines else 'none'}{since}",
             "run python with -u or PYTHONUNBUFFERED=1, or print(..., flush=True)",
         )
     ]

@@ -16,6 +16,8 @@ blocks or slows down; the real process dies):
                        back (set to ignore), as Triton's in-process LLVM does on the GPU
   wedge_main:N         after optimizer step N the main thread blocks for good inside C code
                        (a self-deadlocked mutex): no Python signal handler can run any more
+  buffer_log:BYTES     train.log is written as `python train.py > train.log` without -u
+                       writes it: in blocks of BYTES, no flush per line (bursts of lines)
 
 N counts the items that role has handled (from 0), or optimizer steps for nan and sigkill.
 """
@@ -32,7 +34,7 @@ ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = (
     "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
-    " | steal_signals:N | wedge_main:N"
+    " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
 )
 
 
@@ -61,6 +63,7 @@ class FaultPlan:
         self.checkpoint_stall_s = 0.0
         self.steal_after: int | None = None
         self.wedge_after: int | None = None
+        self.log_buffer_bytes: int | None = None
         for part in filter(None, (p.strip() for p in spec.split(","))):
             self._add(spec, part.split(":"))
 
@@ -79,6 +82,8 @@ class FaultPlan:
             self.wedge_after = int(_number(spec, f[1], int))
         elif len(f) == 2 and f[0] == "steal_signals":
             self.steal_after = int(_number(spec, f[1], int))
+        elif len(f) == 2 and f[0] == "buffer_log":
+            self.log_buffer_bytes = max(2, int(_number(spec, f[1], int)))
         elif len(f) == 2 and f[0] == "stall_checkpoint":
             self.checkpoint_stall_s = _number(spec, f[1], float)
         else:

@@ -290,6 +290,8 @@ class Run:
         )
 
         self.faults = faults = FaultPlan()  # a bad DFLASH_FAULT: bad input, before any loading
+        if faults.log_buffer_bytes:
+            self.log.buffer_in_blocks(faults.log_buffer_bytes)
         laps = StartupLaps()
         laps.laps.append(("imports", laps.t - self.process_started))
         self.setup = setup = build_run(

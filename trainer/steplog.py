@@ -44,11 +44,26 @@ class RunLog:
         )
         self._metrics = open(self.metrics_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._echo = echo and self._own_log
+        self._flush_lines = True
+
+    def buffer_in_blocks(self, size: int) -> None:
+        """DFLASH_FAULT=buffer_log:BYTES: train.log in blocks of `size` bytes, as a redirected
+        stdout without -u writes it (metrics.jsonl stays line by line)."""
+        with self._lock:
+            if self._own_log:
+                self._log.close()
+                self._log = open(self.train_log_path, "a", buffering=size, encoding="utf-8")  # noqa: SIM115
+            else:  # stdout is train.log (and unbuffered, under -u): our own buffered writer
+                fd = os.dup(sys.stdout.fileno())
+                self._log = open(fd, "w", buffering=size, encoding="utf-8")  # noqa: SIM115
+                self._own_log = True  # close() closes it, flushing what is left
+            self._flush_lines = False
 
     def line(self, text: str) -> None:
         with self._lock:
             self._log.write(text + "\n")
-            self._log.flush()
+            if self._flush_lines:
+                self._log.flush()
             if self._echo:
                 sys.stdout.write(text + "\n")
                 sys.stdout.flush()

@@ -18,10 +18,21 @@ def test_the_grammar():
     assert plan.slow == {"prefetch": 0.5, "load_target": 4.0}
     assert not plan.poison_loss(19) and plan.poison_loss(20)
     assert FaultPlan("").raise_at == {} and FaultPlan("").slow_s("data") == 0.0
+    assert FaultPlan("buffer_log:8192").log_buffer_bytes == 8192
+    assert FaultPlan("").log_buffer_bytes is None
 
 
 @pytest.mark.parametrize(
-    "spec", ["gpu:3", "target:x", "slow:target:-1", "slow:target:inf", "hang:main:1", "nan"]
+    "spec",
+    [
+        "gpu:3",
+        "target:x",
+        "slow:target:-1",
+        "slow:target:inf",
+        "hang:main:1",
+        "nan",
+        "buffer_log:x",
+    ],
 )
 def test_a_bad_spec_names_itself(spec):
     with pytest.raises(ValueError, match="DFLASH_FAULT="):
@@ -46,6 +57,19 @@ def test_nan_and_sigkill_on_a_real_run(start_trainer):
     assert losses[0] == losses[0] and losses[-1] != losses[-1]  # finite, then NaN
     hb = p.heartbeat()
     assert hb["phase"] == "training" and hb["exit_code"] is None  # no handler ran
+
+
+def test_a_buffered_log_holds_its_step_lines_while_metrics_come_line_by_line(start_trainer):
+    """buffer_log: train.log in 64 KB blocks (30 steps' lines fit in one), metrics.jsonl as
+    always: mid-run the metrics have rows and the log no step line; at the end, all of them."""
+    p = start_trainer(
+        "--max-steps", "30", "--set", "train.log_every=2",
+        env={"DFLASH_FAULT": "buffer_log:65536"},
+    )  # fmt: skip
+    p.wait_for(lambda: len(p.metrics()) >= 4, what="4 metrics rows")
+    assert "step=" not in p.read("train.log")
+    assert p.wait(timeout=120) == 0
+    assert p.read("train.log").count(" step=") == len(p.metrics()) == 15
 
 
 def test_a_hung_thread_stops_the_steps_not_the_heartbeat(start_trainer):
