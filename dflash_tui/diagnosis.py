@@ -56,6 +56,7 @@ from trainer.contract.phases import (
     STOPPING,
     TARGET_WAIT,
     TRAINING,
+    phase_spans,
 )
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import encode, finite
@@ -581,6 +582,13 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     since_step = hb.now - hb.last_step_at
     if since_step < cfg.stall_s:
         return []
+    usual = _usual_checkpoint(s, hb) if hb.phase == CHECKPOINTING else None
+    if usual is not None:
+        # A save that always takes minutes (a big drafter's optimizer state, a network disk)
+        # is not a stall at `stall_s`: the run's own saves, else earlier runs', set the bar.
+        in_save = hb.now - hb.phase_started_at
+        if in_save < max(cfg.stall_s, cfg.slow_phase_factor * usual[0] + cfg.slow_phase_margin_s):
+            return []
     threads = [t for t in hb.threads if t.role in ("drafter", "target", "prefetch")]
     if hb.phase == CHECKPOINTING:  # the saving thread is where it is stuck, not its waiters
         threads = [t for t in threads if t.state == SAVING_CHECKPOINT] or threads
@@ -597,7 +605,8 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
                 "checkpoint_stalled",
                 f"checkpoint after step {hb.step} stalled in {where}",
                 f"heartbeat fresh, checkpointing for {_dur(hb.now - hb.phase_started_at)}, "
-                f"no step for {_dur(since_step)}",
+                f"no step for {_dur(since_step)}"
+                + (f"; a save usually takes {_dur(usual[0])} ({usual[1]})" if usual else ""),
                 "check the disk under the run dir (free space, a slow or hung mount); dump "
                 "stacks (d) to see where the save waits",
             )
@@ -611,6 +620,21 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             "dump stacks (d) to see where it waits",
         )
     ]
+
+
+def _usual_checkpoint(s: Store, hb: Heartbeat) -> tuple[float, str] | None:
+    """(the median seconds of a checkpoint save, whose): this run's finished saves, else the
+    saves of earlier comparable runs; None when neither has one."""
+    spans = phase_spans(hb.phase_history)[:-1]  # the save under way is the last
+    own = [sp.seconds(hb.now) for sp in spans if sp.phase == CHECKPOINTING]
+    if own:
+        return statistics.median(own), f"median of this run's {len(own)} earlier saves"
+    past = [
+        v for r in earlier_runs(s) for k, v in r.phases.items() if k.split("#")[0] == CHECKPOINTING
+    ]
+    if past:
+        return statistics.median(past), f"median of {len(past)} saves of earlier runs"
+    return None
 
 
 @rule

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from test_diagnosis import NOW, SCENARIOS, codes, events, run, store
+from test_diagnosis import NOW, SCENARIOS, Events, codes, events, hb, only, run, store
 
 from dflash_tui import evaluation
 from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose
@@ -183,6 +184,32 @@ def test_stalled_checkpoint():
         "checkpoint after step 20 stalled in drafter-0 (checkpoint for 2m09s)",
     )
     assert "disk" in f.action
+    assert "usually takes" not in f.evidence  # its first save: nothing to compare with
+
+
+def earlier_save(seconds: float) -> Any:
+    """Documented edit: the run saved once before, taking `seconds` (a checkpointing visit
+    and the training visit after it, inserted before the save under way)."""
+
+    def edit(evs: Events) -> None:
+        data = hb(evs)
+        current = data["phase_history"][-1]
+        start = current["started_at"] - 60 - seconds
+        data["phase_history"][-1:-1] = [
+            {"phase": "checkpointing", "started_at": start, "visit": 1},
+            {"phase": "training", "started_at": start + seconds, "visit": 2},
+        ]
+        current["visit"] = 2
+
+    return edit
+
+
+def test_stalled_checkpoint_against_the_runs_own_saves():
+    """A run whose saves take minutes is not stalled at 2 minutes: its own earlier save
+    sets the bar (2 × 100 s + 60 s); one of 20 s leaves the fixed 120 s."""
+    assert "checkpoint_stalled" not in codes(run(rec("stalled_checkpoint"), earlier_save(100)))
+    f = only(run(rec("stalled_checkpoint"), earlier_save(20)), "checkpoint_stalled")
+    assert "a save usually takes 20s (median of this run's 1 earlier saves)" in f.evidence
 
 
 def test_target_wait_as_usual():
