@@ -592,7 +592,10 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     threads = [t for t in hb.threads if t.role in ("drafter", "target", "prefetch")]
     if hb.phase == CHECKPOINTING:  # the saving thread is where it is stuck, not its waiters
         threads = [t for t in threads if t.state == SAVING_CHECKPOINT] or threads
-    stuck = max(threads, key=hb.in_state_s, default=None)
+    # The stuck thread is the one at work, not those waiting on it: one hung replica leaves
+    # its peers at the step's barrier and the targets at a full q_hs, as long or longer.
+    working = [t for t in threads if not t.state.startswith("waiting")]
+    stuck = max(working or threads, key=hb.in_state_s, default=None)
     where = (
         f"{stuck.name} ({stuck.state} for {_dur(hb.in_state_s(stuck))})"
         if stuck

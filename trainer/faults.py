@@ -5,7 +5,8 @@ blocks or slows down; the real process dies):
 
   ROLE:N               raise in thread role ROLE (prefetch, target, drafter) at its item N
   hang:ROLE:N          ROLE's thread blocks forever at its item N (a stuck loop: the
-                       heartbeat stays fresh, the steps stop)
+                       heartbeat stays fresh, the steps stop); hang:ROLE-I:N only its
+                       thread I (hang:drafter-1:30: one replica, the others wait for it)
   nan:N                the drafter loss is NaN from optimizer step N on
   slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
                        drafter), or once: load_target (the weight load), data (tokenising),
@@ -33,9 +34,15 @@ import time
 ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = (
-    "ROLE:N | hang:ROLE:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
+    "ROLE:N | hang:ROLE[-I]:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
     " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
 )
+
+
+def _thread_of_role(name: str) -> bool:
+    """A role (every thread of it) or ROLE-I (its thread I)."""
+    role, _, index = name.partition("-")
+    return role in ROLES and (not index or index.isdigit())
 
 
 class InjectedFault(RuntimeError):
@@ -70,7 +77,7 @@ class FaultPlan:
     def _add(self, spec: str, f: list[str]) -> None:
         if len(f) == 2 and f[0] in ROLES:
             self.raise_at[f[0]] = int(_number(spec, f[1], int))
-        elif len(f) == 3 and f[0] == "hang" and f[1] in ROLES:
+        elif len(f) == 3 and f[0] == "hang" and _thread_of_role(f[1]):
             self.hang_at[f[1]] = int(_number(spec, f[2], int))
         elif len(f) == 3 and f[0] == "slow" and f[1] in STAGES:
             self.slow[f[1]] = _number(spec, f[2], float)
@@ -89,11 +96,11 @@ class FaultPlan:
         else:
             raise ValueError(f"DFLASH_FAULT={spec!r}: {':'.join(f)!r} is not {GRAMMAR}")
 
-    def check(self, role: str, item: int) -> None:
-        """Called by each role's thread per item, before its work."""
+    def check(self, role: str, item: int, index: int | None = None) -> None:
+        """Called by each role's thread (its `index` among them) per item, before its work."""
         if self.slow.get(role):
             time.sleep(self.slow[role])
-        if self.hang_at.get(role) == item:
+        if item in (self.hang_at.get(role), self.hang_at.get(f"{role}-{index}")):
             threading.Event().wait()  # forever: the thread is stuck, the process lives
         if self.raise_at.get(role) == item:
             raise InjectedFault(f"injected fault in {role} at item {item} (DFLASH_FAULT)")

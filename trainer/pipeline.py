@@ -219,7 +219,7 @@ class Pipeline:
             self.state.thread_state("building batch")
             with clock.work(STAGE_BUILD):
                 # Inside the stage: DFLASH_FAULT=slow:prefetch:S is a slow build, as timed.
-                self.faults.check("prefetch", n)
+                self.faults.check("prefetch", n, p)
                 blocks = self.make_batch(g)
                 if pin:
                     blocks = _pin(blocks)
@@ -246,7 +246,7 @@ class Pipeline:
                 blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
             self.state.thread_state("forward")
             with clock.work(STAGE_FORWARD):
-                self.faults.check("target", n)  # inside: a slowed target's forward is slow
+                self.faults.check("target", n, t)  # inside: a slowed target's forward is slow
                 on_dev = blocks.to(dev, non_blocking=True)
                 b = on_dev.batch
                 if b.position_ids is None:
@@ -290,7 +290,7 @@ class Pipeline:
             if noise > 0:
                 gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
             with clock.work(STAGE_FORWARD), autocast_for(dev):
-                self.faults.check("drafter", n)  # inside: a slowed drafter's forward is slow
+                self.faults.check("drafter", n, r)  # inside: a slowed drafter's forward is slow
                 out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
             if self.faults.poison_loss(s):  # DFLASH_FAULT=nan:N, as a diverged run does
                 out.loss = out.loss * float("nan")

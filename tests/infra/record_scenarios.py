@@ -60,6 +60,7 @@ class Run:
     fault: str = ""
     overrides: list[str] = dataclasses.field(default_factory=list)
     until: Ready | None = None  # None: until the run has ended
+    wait_s: float = 400.0  # for `until`
 
 
 @dataclasses.dataclass
@@ -107,6 +108,21 @@ def _evals(n: int) -> Ready:
     def ready(s: Store) -> bool:
         ev = s.heartbeat.eval if s.heartbeat is not None else None
         return ev is not None and sum(p.tau is not None for p in ev.history) >= n
+
+    return ready
+
+
+def _lines_late(for_s: float) -> Ready:
+    """Step lines have come (a burst was flushed), and the line after the last one was due
+    `for_s` ago: metrics.jsonl (line by line) has its row."""
+
+    def ready(s: Store) -> bool:
+        hb = s.heartbeat
+        if not s.step_lines or hb is None:
+            return False
+        last = s.step_lines[-1].step
+        due = next((r for r in s.metrics if r.step > last), None)
+        return due is not None and hb.now - due.time >= for_s
 
     return ready
 
@@ -199,6 +215,13 @@ SCENARIOS = [
         [Run(fault="slow:drafter:90", until=lambda s: _threads_in(s, "target", WAIT_HS_FULL, 32))],
     ),
     Scenario(
+        "one_replica_hung",
+        "One drafter replica (drafter-1) hangs inside its forward at its 31st batch "
+        "(DFLASH_FAULT=hang:drafter-1:30); the other waits for it at the step's barrier, "
+        "the targets at a full q_hs; recorded 125 s into the stall.",
+        [Run(fault="hang:drafter-1:30", until=_stalled(125.0))],
+    ),
+    Scenario(
         "nan_loss",
         "The drafter loss turns NaN from step 40 on (DFLASH_FAULT=nan:40), as a diverged run's "
         "does; recorded at step 70.",
@@ -234,6 +257,22 @@ SCENARIOS = [
         [
             Run(fault="slow:load_target:3", overrides=["train.max_steps=20"]),
             Run(fault="slow:load_target:90", until=_in_visit(TARGET_WAIT, 70.0)),
+        ],
+    ),
+    Scenario(
+        "buffered_bursts",
+        "train.log written in 8 KB blocks (DFLASH_FAULT=buffer_log:8192), as `python "
+        "train.py > train.log` without -u writes it: step lines come in bursts of ~45. "
+        "Recorded after the first burst, once the next line is 70 s overdue (metrics.jsonl "
+        "has its row); the monitor connects then, as `status` does, and reads the whole "
+        "tail at once.",
+        [
+            Run(
+                fault="buffer_log:8192",
+                overrides=["train.max_steps=5000"],
+                until=_lines_late(70),
+                wait_s=900,
+            )
         ],
     ),
     Scenario(
@@ -299,7 +338,7 @@ async def drive(target: Any, run: Run, name: str, config: Path) -> bool:
                 raise
             return False
         ready = run.until or _ended(launched.run_id)
-        await driver.until(ready, 400, f"{name}: run {launched.run_id}")
+        await driver.until(ready, run.wait_s, f"{name}: run {launched.run_id}")
         return True
     finally:
         await driver.link.close()

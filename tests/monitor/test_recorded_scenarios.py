@@ -30,7 +30,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 19
+    assert len(names) == 20
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -132,6 +132,19 @@ def test_stalled_loop():
     assert found[0].evidence == "heartbeat fresh, but no step for 2m09s (step 30)"
     # The hang is inside the drafters: the targets back up behind them.
     assert "target-0, target-1 waiting: q_hs full" in found[1].evidence
+
+
+def test_one_replica_hung():
+    """One replica hung: the threads waiting on it have been in their wait as long (prefetch-0
+    waited on a full q_pre 130.5 s, as long as drafter-1's forward), so the longest state
+    alone named a waiter; the one at work is the one stuck."""
+    found = run(rec("one_replica_hung"))
+    assert found[0].code == "loop_stalled" and found[0].severity == "critical"
+    assert found[0].title == "training loop stalled in drafter-1 (forward for 2m10s)"
+    hb = store(events(rec("one_replica_hung"))).heartbeat
+    assert hb is not None
+    waits = {t.name: hb.in_state_s(t) for t in hb.threads if t.state.startswith("waiting")}
+    assert waits["drafter-0"] > 120 and max(waits.values()) >= 130
 
 
 def test_prefetch_bottleneck():

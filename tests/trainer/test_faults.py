@@ -18,6 +18,7 @@ def test_the_grammar():
     assert plan.slow == {"prefetch": 0.5, "load_target": 4.0}
     assert not plan.poison_loss(19) and plan.poison_loss(20)
     assert FaultPlan("").raise_at == {} and FaultPlan("").slow_s("data") == 0.0
+    assert FaultPlan("hang:drafter-1:30").hang_at == {"drafter-1": 30}
     assert FaultPlan("buffer_log:8192").log_buffer_bytes == 8192
     assert FaultPlan("").log_buffer_bytes is None
 
@@ -32,6 +33,8 @@ def test_the_grammar():
         "hang:main:1",
         "nan",
         "buffer_log:x",
+        "hang:drafter-x:1",
+        "hang:gpu-1:1",
     ],
 )
 def test_a_bad_spec_names_itself(spec):
