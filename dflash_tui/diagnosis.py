@@ -58,6 +58,7 @@ from trainer.contract.phases import (
 from trainer.contract.protocol import (
     CLOCK_HW_SLOWDOWN,
     CLOCK_HW_THERMAL,
+    CLOCK_IDLE,
     CLOCK_POWER_BRAKE,
     CLOCK_POWER_CAP,
     CLOCK_SLOWDOWNS,
@@ -1290,7 +1291,12 @@ def _gpu_clocks(s: Store, now: float, cfg: DiagnosisConfig) -> list[_Clocks]:
         if len(pts) < cfg.throttle_min_samples or index not in devices:
             continue
         reasons = [p.clock_reasons or 0 for p in pts]
-        clocks = [p.sm_clock_mhz for p in pts if p.sm_clock_mhz is not None]
+        # An idle GPU drops its clock by design: only busy samples say how fast it runs.
+        clocks = [
+            p.sm_clock_mhz
+            for p in pts
+            if p.sm_clock_mhz is not None and not (p.clock_reasons or 0) & CLOCK_IDLE
+        ]
         d = devices[index]
         out.append(
             _Clocks(

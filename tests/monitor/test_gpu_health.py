@@ -292,6 +292,14 @@ def test_a_drafter_power_capped_below_its_peer_is_a_warning() -> None:
     # slower but not throttled by any reason NVML names: nothing to say about clocks
     assert run("healthy_gpu.jsonl", health(gpu6={"sm_clock_mhz": 1700})) == []
 
+    # a peer idling at a low clock in most samples: idle samples do not say how fast it runs
+    def gpu5_idles(evs: Events) -> None:
+        for g in of_type(evs, "gpu")[:2]:
+            g["devices"][5].update(sm_clock_mhz=345, clock_reasons=CLOCK_IDLE)
+
+    f = only(run("healthy_gpu.jsonl", health(gpu6=slow), gpu5_idles), "gpu_throttled")
+    assert f.severity == "warning" and "peers (GPU 5, 7) run at 1.98 GHz" in f.evidence
+
 
 def test_thermal_slowdown_for_most_samples_is_a_warning() -> None:
     hot = {"sm_clock_mhz": 1410, "clock_reasons": CLOCK_HW_THERMAL, "temp_c": 91}
