@@ -56,6 +56,7 @@ from trainer.contract.phases import (
     TRAINING,
 )
 from trainer.contract.protocol import (
+    CLOCK_APP_SETTING,
     CLOCK_HW_SLOWDOWN,
     CLOCK_HW_THERMAL,
     CLOCK_IDLE,
@@ -63,6 +64,7 @@ from trainer.contract.protocol import (
     CLOCK_POWER_CAP,
     CLOCK_SLOWDOWNS,
     CLOCK_SW_THERMAL,
+    CLOCK_SYNC_BOOST,
 )
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import encode, finite
@@ -1262,6 +1264,7 @@ class _Clocks:
     span_s: float
     slowdown: float  # share of them with a fault reason (thermal, HW slowdown, power brake)
     capped: float  # share with the power cap
+    limited: float  # share with any reason that holds the clock (not idle)
     reasons: int  # every reason bit seen
     clock: float | None  # median SM clock, MHz
     max_clock: int | None
@@ -1278,6 +1281,10 @@ class _Clocks:
         """GPUs doing the same work: the models they hold (prefetch and eval ride along)."""
         parts = [r for r in self.role.split("+") if r in ("target", "drafter")]
         return "+".join(parts) or self.role
+
+
+# Reasons that hold a busy GPU's clock down (any but idle and the display clock).
+CLOCK_HOLDS = CLOCK_SLOWDOWNS | CLOCK_POWER_CAP | CLOCK_APP_SETTING | CLOCK_SYNC_BOOST
 
 
 def _gpu_clocks(s: Store, now: float, cfg: DiagnosisConfig) -> list[_Clocks]:
@@ -1306,6 +1313,7 @@ def _gpu_clocks(s: Store, now: float, cfg: DiagnosisConfig) -> list[_Clocks]:
                 span_s=pts[-1].t - pts[0].t,
                 slowdown=sum(1 for r in reasons if r & CLOCK_SLOWDOWNS) / len(pts),
                 capped=sum(1 for r in reasons if r & CLOCK_POWER_CAP) / len(pts),
+                limited=sum(1 for r in reasons if r & CLOCK_HOLDS) / len(pts),
                 reasons=_or_all(reasons),
                 clock=float(statistics.median(clocks)) if clocks else None,
                 max_clock=d.sm_clock_max_mhz,
@@ -1354,7 +1362,8 @@ def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
     samples. Heat, the board's slowdown signal or a power brake: warning. The power cap on
     its own is what a sustained load normally runs into (an H200 training ran power-capped in
     91-100 % of samples): info, unless that GPU runs well below its peers of the same role,
-    which the replicas' step (or the targets' feed) then waits for: warning."""
+    which the replicas' step (or the targets' feed) then waits for: warning; so is one held
+    below its peers by clocks set or locked lower (application clocks) or sync boost."""
     if _live(s, now, cfg, TRAINING) is None:
         return []
     gpus = _gpu_clocks(s, now, cfg)
@@ -1384,20 +1393,28 @@ def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
                 action = f"see nvidia-smi -i {g.index} -q -d PERFORMANCE"
             title = f"GPU {g.index} throttled: {_reasons(g.reasons & CLOCK_SLOWDOWNS)}"
             warn.append((0 if thermal else 1, title, text, action))
-        elif g.capped >= cfg.throttle_share and peer is not None:
-            limits = [p.power_limit_w for p in _peers(g, gpus) if p.power_limit_w is not None]
-            limit = ""
-            if g.power_limit_w is not None:
-                limit = f", limit {g.power_limit_w:.0f} W"
-                if limits and max(limits) > g.power_limit_w:
-                    limit += f" (peers' {max(limits):.0f} W)"
-            text = _throttle_text(g, g.capped, CLOCK_POWER_CAP) + limit + peers_text
-            action = (
-                f"compare GPU {g.index}'s power limit with its peers' "
-                f"(nvidia-smi -q -d POWER); raise it with nvidia-smi -i {g.index} -pl WATTS"
-            )
-            title = f"GPU {g.index} power-capped below its peers: {g.ghz()}"
-            warn.append((2, title, text, action))
+        elif g.limited >= cfg.throttle_share and peer is not None:
+            if g.capped >= cfg.throttle_share:
+                limits = [p.power_limit_w for p in _peers(g, gpus) if p.power_limit_w is not None]
+                limit = ""
+                if g.power_limit_w is not None:
+                    limit = f", limit {g.power_limit_w:.0f} W"
+                    if limits and max(limits) > g.power_limit_w:
+                        limit += f" (peers' {max(limits):.0f} W)"
+                text = _throttle_text(g, g.capped, CLOCK_POWER_CAP) + limit
+                action = (
+                    f"compare GPU {g.index}'s power limit with its peers' "
+                    f"(nvidia-smi -q -d POWER); raise it with nvidia-smi -i {g.index} -pl WATTS"
+                )
+                title = f"GPU {g.index} power-capped below its peers: {g.ghz()}"
+            else:  # clocks set or locked lower (nvidia-smi -ac/-lgc), or held by sync boost
+                text = _throttle_text(g, g.limited, g.reasons & CLOCK_HOLDS)
+                action = (
+                    f"reset GPU {g.index}'s clocks to the default: nvidia-smi -i {g.index} -rgc "
+                    "and -rac (or set its peers' clocks)"
+                )
+                title = f"GPU {g.index} clocked below its peers: {g.ghz()}"
+            warn.append((2, title, text + peers_text, action))
         elif g.capped >= cfg.throttle_share:
             capped.append(g)
     if warn:

@@ -32,6 +32,7 @@ from dflash_tui.diagnosis import DiagnosisConfig, diagnose
 from dflash_tui.targets import Target
 from dflash_tui.widgets.gpus import GpuPane
 from trainer.contract.protocol import (
+    CLOCK_APP_SETTING,
     CLOCK_HW_SLOWDOWN,
     CLOCK_HW_THERMAL,
     CLOCK_IDLE,
@@ -289,6 +290,12 @@ def test_a_drafter_power_capped_below_its_peer_is_a_warning() -> None:
     near = {**slow, "sm_clock_mhz": 1800}
     assert codes(run("healthy_gpu.jsonl", health(gpu6=near))) == ["gpu_throttled"]
     assert only(run("healthy_gpu.jsonl", health(gpu6=near)), "gpu_throttled").severity == "info"
+    # clocks set lower by hand (application clocks, locked clocks) below its peers
+    locked = {"sm_clock_mhz": 1700, "clock_reasons": CLOCK_APP_SETTING}
+    f = only(run("healthy_gpu.jsonl", health(gpu6=locked)), "gpu_throttled")
+    assert f.severity == "warning" and f.title == "GPU 6 clocked below its peers: 1.70 of 1.98 GHz"
+    assert f.evidence.startswith("GPU 6 (drafter) 1.70 of 1.98 GHz, app clocks in 100% of 3")
+    assert "-rgc" in f.action
     # slower but not throttled by any reason NVML names: nothing to say about clocks
     assert run("healthy_gpu.jsonl", health(gpu6={"sm_clock_mhz": 1700})) == []
 
