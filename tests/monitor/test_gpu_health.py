@@ -208,6 +208,8 @@ def gpu_event(**health: Any) -> dict[str, Any]:
         ("clock_reasons", -1),
         ("clock_reasons", [4]),
         ("ecc_uncorrected", -3),
+        ("ecc_uncorrected", 10**400),
+        ("power_limit_w", 10**400),
         ("ecc_uncorrected", {"n": 1}),
         ("power_limit_w", math.nan),
         ("power_limit_w", math.inf),

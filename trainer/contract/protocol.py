@@ -137,7 +137,9 @@ def _health_ok(value: Any, kind: type, limit: float) -> bool:
         return True
     if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
         return False
-    return math.isfinite(value) and 0 <= value <= limit
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return 0 <= value <= limit  # compared as it is: an int of 400 digits is no float
 
 
 def _drop_bad_health(data: Any) -> Any:
