@@ -43,7 +43,8 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     eval: the heartbeat's EvalInfo as written (trainer/contract/evaluation.py) | null,
     heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
-    gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
+    gpus: [{index, name, mem_used, mem_total, util, role, sm_clock_mhz, sm_clock_max_mhz,
+            clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c}], gpu_state}
 """
 
 from __future__ import annotations

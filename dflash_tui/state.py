@@ -27,6 +27,7 @@ from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, u
 from trainer.contract.outcomes import RUNNING, UNKNOWN, Outcome, outcome_of
 from trainer.contract.phases import FINAL_PHASES
 from trainer.contract.protocol import (
+    CLOCK_REASON_NAMES,
     Follow,
     GpuDevice,
     GpuSample,
@@ -69,6 +70,19 @@ class GpuPoint(NamedTuple):
     t: float  # the agent's time of the sample
     mem_used: int
     util: int | None
+    # health, where NVML gave it (GpuDevice's fields): what gpu_throttled and
+    # gpu_ecc_errors look back on
+    sm_clock_mhz: int | None = None
+    clock_reasons: int | None = None
+    ecc_uncorrected: int | None = None
+
+
+def clock_reason_names(reasons: int | None) -> list[str] | None:
+    """NVML's throttle-reason bits as names, most serious first; idle and display left out
+    (neither slows a kernel). None: NVML gave no reasons."""
+    if reasons is None:
+        return None
+    return [name for bit, name in CLOCK_REASON_NAMES.items() if reasons & bit]
 
 
 class Store:
@@ -180,7 +194,9 @@ class Store:
         t = e.t or self.clock()
         for d in e.devices:
             hist = self.gpu_history.setdefault(d.index, deque(maxlen=self.history))
-            hist.append(GpuPoint(t, d.mem_used, d.util))
+            hist.append(
+                GpuPoint(t, d.mem_used, d.util, d.sm_clock_mhz, d.clock_reasons, d.ecc_uncorrected)
+            )
 
     def _on_follow(self, e: Follow) -> None:
         self.follow_received = True
@@ -401,6 +417,13 @@ class Store:
                     "mem_total": d.mem_total,
                     "util": d.util,
                     "role": roles.get(d.index),
+                    "sm_clock_mhz": d.sm_clock_mhz,
+                    "sm_clock_max_mhz": d.sm_clock_max_mhz,
+                    "clock_reasons": clock_reason_names(d.clock_reasons),
+                    "ecc_uncorrected": d.ecc_uncorrected,
+                    "power_w": d.power_w,
+                    "power_limit_w": d.power_limit_w,
+                    "temp_c": d.temp_c,
                 }
                 for d in (self.gpu.devices if self.gpu else [])
             ],

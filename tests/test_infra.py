@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import json
 import os
 import shlex
@@ -335,6 +336,97 @@ def test_fake_nvml_errors_like_nvml(
     gpu.unload_driver()
     with pytest.raises(nvml.NVMLError_GpuIsLost):
         nvml.nvmlDeviceGetCount()
+    nvml.nvmlShutdown()
+
+
+HEALTH_FUNCTIONS = (
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetSupportedClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerManagementLimit",
+)
+
+
+def test_fake_nvml_health_readings_have_the_real_bindings_names_and_values(
+    fake_nvml_path: Path,
+):
+    """Against nvidia-ml-py itself (a dependency; it imports without a driver)."""
+    import pynvml as real
+
+    nvml = load_fake_pynvml(fake_nvml_path)
+    assert Path(real.__file__).parent.name != "fake_nvml"
+    for name in HEALTH_FUNCTIONS:
+        ours, theirs = (
+            inspect.signature(getattr(nvml, name)),
+            inspect.signature(getattr(real, name)),
+        )
+        assert list(ours.parameters) == list(theirs.parameters), name
+    constants = [
+        n for n in dir(nvml) if n.startswith(("nvmlClocks", "NVML_CLOCK_", "NVML_MEMORY_"))
+    ]
+    constants += ["NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC", "NVML_ERROR_FUNCTION_NOT_FOUND"]
+    assert len(constants) > 20
+    assert {n: getattr(nvml, n) for n in constants} == {n: getattr(real, n) for n in constants}
+
+
+def test_fake_nvml_health_readings_and_their_errors(
+    fake_gpu: Callable[..., tuple[Path, FakeGpu]],
+    fake_nvml_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    nvml = load_fake_pynvml(fake_nvml_path)
+    state_path, gpu = fake_gpu(devices=2)
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state_path))
+    nvml.nvmlInit()
+    h0, h1 = nvml.nvmlDeviceGetHandleByIndex(0), nvml.nvmlDeviceGetHandleByIndex(1)
+    # an H200 at rest when the state says nothing
+    assert nvml.nvmlDeviceGetClockInfo(h0, nvml.NVML_CLOCK_SM) == 1980
+    assert nvml.nvmlDeviceGetMaxClockInfo(h0, nvml.NVML_CLOCK_SM) == 1980
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(h0) == nvml.nvmlClocksEventReasonNone
+    assert nvml.nvmlDeviceGetEnforcedPowerLimit(h0) == 700_000  # milliwatts
+    assert nvml.nvmlDeviceGetEccMode(h0) == [nvml.NVML_FEATURE_ENABLED] * 2
+    unc, vol, agg = (
+        nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        nvml.NVML_VOLATILE_ECC,
+        nvml.NVML_AGGREGATE_ECC,
+    )
+    assert nvml.nvmlDeviceGetTotalEccErrors(h0, unc, vol) == 0
+    # readings follow the state file
+    cap = nvml.nvmlClocksEventReasonSwPowerCap
+    gpu.set_device(1, sm_clock_mhz=1700, clocks_event_reasons=cap, power_limit_w=612.5)
+    gpu.set_device(1, ecc_uncorrected=2, ecc_uncorrected_aggregate=9)
+    assert nvml.nvmlDeviceGetClockInfo(h1, nvml.NVML_CLOCK_SM) == 1700
+    assert nvml.nvmlDeviceGetClockInfo(h1, nvml.NVML_CLOCK_GRAPHICS) == 1700
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(h1) == cap
+    assert nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h1) == cap  # the old name
+    assert nvml.nvmlDeviceGetEnforcedPowerLimit(h1) == 612_500
+    ecc = (
+        nvml.nvmlDeviceGetTotalEccErrors(h1, unc, vol),
+        nvml.nvmlDeviceGetTotalEccErrors(h1, unc, agg),
+    )
+    assert ecc == (2, 9)
+    # NVML's codes: a bad argument, a reading the board lacks, a function the driver lacks
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetClockInfo(h0, 7)
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetTotalEccErrors(h0, 2, vol)
+    gpu.set_device(0, unsupported=["nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetEccMode"])
+    gpu.set_device(0, missing=["nvmlDeviceGetCurrentClocksEventReasons"])
+    with pytest.raises(nvml.NVMLError) as err:
+        nvml.nvmlDeviceGetTotalEccErrors(h0, unc, vol)
+    assert isinstance(err.value, nvml.NVMLError_NotSupported)
+    assert err.value.value == nvml.NVML_ERROR_NOT_SUPPORTED and str(err.value) == "Not Supported"
+    with pytest.raises(nvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetEccMode(h0)
+    with pytest.raises(nvml.NVMLError_FunctionNotFound):
+        nvml.nvmlDeviceGetCurrentClocksEventReasons(h0)
+    assert nvml.nvmlDeviceGetCurrentClocksThrottleReasons(h0) == 0
+    assert nvml.nvmlDeviceGetTotalEccErrors(h1, unc, vol) == 2  # the other device is unaffected
     nvml.nvmlShutdown()
 
 

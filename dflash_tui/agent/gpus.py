@@ -79,6 +79,7 @@ class Gpus:
                 dev.power_w = n.nvmlDeviceGetPowerUsage(h) / 1000.0
             with contextlib.suppress(Exception):
                 dev.temp_c = int(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+            self._health(h, dev)
             with contextlib.suppress(Exception):
                 for p in n.nvmlDeviceGetComputeRunningProcesses(h):
                     pid = int(p.pid)
@@ -89,6 +90,37 @@ class Gpus:
                     )
             out.append(dev)
         return out
+
+    def _health(self, h: Any, dev: GpuDevice) -> None:
+        """Clocks, their throttle reasons, ECC, the power limit: five calls, each left None
+        where NVML says NOT_SUPPORTED (ECC off, a consumer board) or an older pynvml or
+        driver lacks the function (AttributeError, FUNCTION_NOT_FOUND)."""
+        n = self.nvml
+        sm = getattr(n, "NVML_CLOCK_SM", 1)
+        with contextlib.suppress(Exception):
+            dev.sm_clock_mhz = int(n.nvmlDeviceGetClockInfo(h, sm))
+        with contextlib.suppress(Exception):
+            dev.sm_clock_max_mhz = int(n.nvmlDeviceGetMaxClockInfo(h, sm))
+        # The "event" name since driver 535; the deprecated "throttle" one before it.
+        for name in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        ):
+            try:
+                dev.clock_reasons = int(getattr(n, name)(h))
+                break
+            except Exception:
+                continue
+        with contextlib.suppress(Exception):
+            dev.ecc_uncorrected = int(
+                n.nvmlDeviceGetTotalEccErrors(
+                    h,
+                    getattr(n, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                    getattr(n, "NVML_VOLATILE_ECC", 0),
+                )
+            )
+        with contextlib.suppress(Exception):
+            dev.power_limit_w = n.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0
 
     def _smi(self) -> list[GpuDevice]:
         def run(query: str) -> list[list[str]]:

@@ -1,6 +1,7 @@
 """The GPUs pane: one row per device with role, memory against total and against what the
 role held in earlier comparable runs (dflash_tui/facts.py: the number `memory_short` uses),
-utilisation, power, temperature, and their history."""
+utilisation, power, temperature, where NVML gives them the SM clock and its most serious
+throttle reason or ECC errors (`1.70G pwr`), and their history."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
 from dflash_tui.state import Store
 from dflash_tui.widgets import safe
+from trainer.contract.protocol import (
+    CLOCK_APP_SETTING,
+    CLOCK_HW_SLOWDOWN,
+    CLOCK_HW_THERMAL,
+    CLOCK_POWER_BRAKE,
+    CLOCK_POWER_CAP,
+    CLOCK_SW_THERMAL,
+    CLOCK_SYNC_BOOST,
+    GpuDevice,
+)
 
 ROLE_COLOUR = {"target": "cyan", "drafter": "magenta", "prefetch": "yellow"}
 
@@ -24,6 +35,30 @@ def expected_bytes(s: Store, role: str) -> float:
     roles; 0 when no earlier comparable run says."""
     expect = expected_memory(s)
     return max((expect[r].usual for r in role.split("+") if r in expect), default=0.0)
+
+
+# The clock cell's tag: the most serious reason first; faults bold, the usual cap dim.
+CLOCK_TAGS = (
+    (CLOCK_HW_THERMAL | CLOCK_SW_THERMAL, "thm", "bold red"),
+    (CLOCK_HW_SLOWDOWN, "hw", "bold red"),
+    (CLOCK_POWER_BRAKE, "brk", "bold red"),
+    (CLOCK_POWER_CAP, "pwr", "yellow"),
+    (CLOCK_SYNC_BOOST, "syn", "dim"),
+    (CLOCK_APP_SETTING, "app", "dim"),
+)
+
+
+def clock_cell(d: GpuDevice) -> Text:
+    """`1.70G pwr`: the SM clock and one tag, uncorrected ECC errors before any reason."""
+    cell = Text(f"{d.sm_clock_mhz / 1000:.2f}G" if d.sm_clock_mhz is not None else "?G")
+    if d.ecc_uncorrected:
+        cell.append(f" ECC{d.ecc_uncorrected}", style="bold red")
+        return cell
+    for bits, tag, style in CLOCK_TAGS:
+        if (d.clock_reasons or 0) & bits:
+            cell.append(f" {tag}", style=style)
+            break
+    return cell
 
 
 class GpuPane(Static):
@@ -58,6 +93,10 @@ class GpuPane(Static):
             ("util history", {"ratio": 1}),
             ("memory history", {"ratio": 1}),
         )
+        # Only where NVML gave clocks: nvidia-smi and older agents' rows keep their width.
+        clocks = any(d.sm_clock_mhz is not None or d.clock_reasons is not None for d in gpu.devices)
+        if clocks:
+            columns = (*columns[:6], ("clock", {"width": 10}), *columns[6:])
         for col, kw in columns:
             table.add_column(col, no_wrap=True, overflow="crop", **kw)
         for d in gpu.devices:
@@ -76,7 +115,7 @@ class GpuPane(Static):
                 mem.append(f" {ratio:4.0%} exp", style="bold red" if short else "dim")
             hist = list(s.gpu_history.get(i, []))
             util = d.util
-            table.add_row(
+            cells: list[Any] = [
                 str(i),
                 safe.text(role or "—", colour),  # the heartbeat's thread roles
                 mem,
@@ -88,5 +127,8 @@ class GpuPane(Static):
                 f"{d.temp_c}C" if d.temp_c is not None else "?",
                 Text(spark([float(h.util or 0) for h in hist], 40, 100.0), style="green"),
                 Text(spark([float(h.mem_used) for h in hist], 40, float(total)), style=colour),
-            )
+            ]
+            if clocks:
+                cells.insert(6, clock_cell(d))
+            table.add_row(*cells)
         self.update(table)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, TypeVar
 
 from trainer.contract.checkpoints import ResumePoint
@@ -90,6 +91,70 @@ class GpuDevice:
     power_w: float | None = None
     temp_c: int | None = None
     processes: list[GpuProcess] = dataclasses.field(default_factory=list)
+    # Health (NVML only; None where the board or driver cannot say): checked at the
+    # boundary by `_drop_bad_health`, a bad value drops the field, not the sample.
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    clock_reasons: int | None = None  # NVML's clocks-event ("throttle") reasons bitmask
+    ecc_uncorrected: int | None = None  # volatile: since the driver loaded
+    power_limit_w: float | None = None  # the enforced limit
+
+
+# Clock event reasons (nvml.h's nvmlClocksEventReason*): the bits the monitor names.
+CLOCK_IDLE = 0x1
+CLOCK_APP_SETTING = 0x2
+CLOCK_POWER_CAP = 0x4
+CLOCK_HW_SLOWDOWN = 0x8
+CLOCK_SYNC_BOOST = 0x10
+CLOCK_SW_THERMAL = 0x20
+CLOCK_HW_THERMAL = 0x40
+CLOCK_POWER_BRAKE = 0x80
+CLOCK_REASON_NAMES = {  # most serious first; idle and display clocks slow no kernel
+    CLOCK_HW_THERMAL: "hw thermal",
+    CLOCK_SW_THERMAL: "sw thermal",
+    CLOCK_HW_SLOWDOWN: "hw slowdown",
+    CLOCK_POWER_BRAKE: "power brake",
+    CLOCK_POWER_CAP: "power cap",
+    CLOCK_SYNC_BOOST: "sync boost",
+    CLOCK_APP_SETTING: "app clocks",
+}
+# The reasons that are a fault (heat, the board's own slowdown signal, an external power
+# brake), as against the power cap a sustained load normally runs into.
+CLOCK_SLOWDOWNS = CLOCK_HW_THERMAL | CLOCK_SW_THERMAL | CLOCK_HW_SLOWDOWN | CLOCK_POWER_BRAKE
+
+# What a health reading may be, at most: anything else from the host is dropped.
+_HEALTH_LIMITS: dict[str, tuple[type, float]] = {
+    "sm_clock_mhz": (int, 10_000),  # MHz: no GPU clocks at 10 GHz
+    "sm_clock_max_mhz": (int, 10_000),
+    "clock_reasons": (int, (1 << 64) - 1),
+    "ecc_uncorrected": (int, (1 << 64) - 1),
+    "power_limit_w": (float, 10_000.0),
+}
+
+
+def _health_ok(value: Any, kind: type, limit: float) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else int | float):
+        return False
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return 0 <= value <= limit  # compared as it is: an int of 400 digits is no float
+
+
+def _drop_bad_health(data: Any) -> Any:
+    """A gpu event with every health reading of the wrong type or out of range removed (it
+    reads as None): one odd reading from a driver must not cost the whole sample."""
+    devices = data.get("devices") if isinstance(data, dict) else None
+    if not isinstance(devices, list):
+        return data
+    clean = [
+        {k: v for k, v in d.items() if k not in _HEALTH_LIMITS or _health_ok(v, *_HEALTH_LIMITS[k])}
+        if isinstance(d, dict)
+        else d
+        for d in devices
+    ]
+    return {**data, "devices": clean}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -272,6 +337,8 @@ def _decode_tagged(data: Any, tag: str, table: dict[str, type[T]], what: str) ->
 
 def decode_event(data: Any) -> Event | Unreadable:
     """An agent event from parsed JSON, or why it is not one."""
+    if isinstance(data, dict) and data.get("type") == "gpu":
+        data = _drop_bad_health(data)
     return _decode_tagged(data, "type", EVENTS, "event")
 
 

@@ -5,7 +5,14 @@ Put this directory first on PYTHONPATH and set FAKE_NVML_STATE to a JSON file:
     {"driver": "550.127.05",                                   # optional
      "devices": [{"name": "NVIDIA H200", "uuid": "GPU-...", "mem_total": bytes,
                   "mem_base": bytes, "util": int, "mem_util": int (optional),
-                  "power_w": float, "temp_c": int}],
+                  "power_w": float, "temp_c": int,
+                  # health readings, all optional (an H200 at rest when absent):
+                  "sm_clock_mhz": int, "sm_clock_max_mhz": int, "mem_clock_mhz": int,
+                  "clocks_event_reasons": int (NVML's bitmask), "power_limit_w": float,
+                  "ecc_uncorrected": int, "ecc_corrected": int (volatile counts),
+                  "ecc_uncorrected_aggregate": int, "ecc_corrected_aggregate": int,
+                  "unsupported": ["nvmlDeviceGetTotalEccErrors", ...],
+                  "missing": ["nvmlDeviceGetCurrentClocksEventReasons", ...]}],
      "processes": [{"pid": int, "device": int, "mem": bytes}]}
 
 The file is re-read on every call, so a test can change it under a running program.
@@ -13,8 +20,12 @@ A listed process counts only while its pid is alive (not a zombie), so killing a
 trainer "frees" its memory just as the driver would. Device memory used = mem_base + the
 live processes' mem. Names, return types and errors follow nvidia-ml-py 12.x: strings come
 back as str, handles are opaque, failures raise NVMLError subclasses carrying NVML codes.
-No state file (or FAKE_NVML_STATE unset) reads as "Driver Not Loaded" at nvmlInit; the file
-vanishing after nvmlInit reads as "GPU is lost".
+A function named in a device's "unsupported" raises NVMLError_NotSupported for that device,
+as NVML returns NVML_ERROR_NOT_SUPPORTED for a reading the board does not have (ECC off, a
+consumer card's throttle reasons); one named in "missing" raises NVMLError_FunctionNotFound,
+as pynvml does on a driver whose library lacks the symbol. No state file (or FAKE_NVML_STATE
+unset) reads as "Driver Not Loaded" at nvmlInit; the file vanishing after nvmlInit reads as
+"GPU is lost".
 """
 
 from __future__ import annotations
@@ -30,11 +41,48 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
 NVML_TEMPERATURE_GPU = 0
 NVML_TEMPERATURE_COUNT = 1
+
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_CLOCK_VIDEO = 3
+
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+
+# Clock event ("throttle") reasons: one bitmask, nvml.h's values.
+nvmlClocksEventReasonGpuIdle = 0x0000000000000001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
+nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+nvmlClocksEventReasonHwSlowdown = 0x0000000000000008
+nvmlClocksEventReasonSyncBoost = 0x0000000000000010
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
+nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
+nvmlClocksEventReasonNone = 0x0000000000000000
+nvmlClocksThrottleReasonGpuIdle = nvmlClocksEventReasonGpuIdle
+nvmlClocksThrottleReasonApplicationsClocksSetting = nvmlClocksEventReasonApplicationsClocksSetting
+nvmlClocksThrottleReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
+nvmlClocksThrottleReasonHwSlowdown = nvmlClocksEventReasonHwSlowdown
+nvmlClocksThrottleReasonSyncBoost = nvmlClocksEventReasonSyncBoost
+nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = nvmlClocksEventReasonHwPowerBrakeSlowdown
+nvmlClocksThrottleReasonDisplayClockSetting = nvmlClocksEventReasonDisplayClockSetting
+nvmlClocksThrottleReasonNone = nvmlClocksEventReasonNone
+_SUPPORTED_EVENT_REASONS = 0x1FF
+
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 
 # What NVML reports for gpuInstanceId/computeInstanceId outside MIG mode.
 _NO_INSTANCE = 0xFFFFFFFF
@@ -52,6 +100,7 @@ class NVMLError(Exception):
         NVML_ERROR_NOT_SUPPORTED: "Not Supported",
         NVML_ERROR_NOT_FOUND: "Not Found",
         NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
         NVML_ERROR_GPU_IS_LOST: "GPU is lost",
         NVML_ERROR_UNKNOWN: "Unknown Error",
     }
@@ -96,6 +145,9 @@ NVMLError_InvalidArgument = _error_class("NVMLError_InvalidArgument", NVML_ERROR
 NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
 NVMLError_DriverNotLoaded = _error_class("NVMLError_DriverNotLoaded", NVML_ERROR_DRIVER_NOT_LOADED)
+NVMLError_FunctionNotFound = _error_class(
+    "NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND
+)
 NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
 NVMLError_Unknown = _error_class("NVMLError_Unknown", NVML_ERROR_UNKNOWN)
 
@@ -179,6 +231,16 @@ def _device(handle: c_nvmlDevice_t) -> dict[str, Any]:
     if not isinstance(handle, c_nvmlDevice_t) or not 0 <= handle._index < len(devices):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     return devices[handle._index]
+
+
+def _reading(handle: c_nvmlDevice_t, function: str) -> dict[str, Any]:
+    """The device's state for a health reading; NOT_SUPPORTED where the state says so."""
+    dev = _device(handle)
+    if function in dev.get("unsupported", ()):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if function in dev.get("missing", ()):  # an older driver's libnvml has no such symbol
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+    return dev
 
 
 def pid_alive(pid: int) -> bool:
@@ -324,3 +386,84 @@ nvmlDeviceGetComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses_v3
 def nvmlDeviceGetGraphicsRunningProcesses(handle: c_nvmlDevice_t) -> list[nvmlFriendlyObject]:
     _device(handle)
     return []  # a headless training box runs no graphics contexts
+
+
+# --- health: clocks, throttle reasons, ECC, power limit ---------------------------------
+# Absent from the state, a reading is an H200's at rest: max clocks, no reasons, no errors.
+_H200_SM_MAX_MHZ = 1980
+_H200_MEM_MHZ = 3201
+_H200_VIDEO_MHZ = 1965
+_H200_POWER_LIMIT_W = 700.0
+
+
+def _clock(dev: dict[str, Any], clock_type: int, current: bool) -> int:
+    sm_max = int(dev.get("sm_clock_max_mhz", _H200_SM_MAX_MHZ))
+    if clock_type in (NVML_CLOCK_SM, NVML_CLOCK_GRAPHICS):  # one clock domain on Hopper
+        return int(dev.get("sm_clock_mhz", sm_max)) if current else sm_max
+    if clock_type == NVML_CLOCK_MEM:
+        return int(dev.get("mem_clock_mhz", _H200_MEM_MHZ))
+    if clock_type == NVML_CLOCK_VIDEO:
+        return _H200_VIDEO_MHZ
+    raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+def nvmlDeviceGetClockInfo(handle: c_nvmlDevice_t, type: int) -> int:
+    """The current clock of a domain, MHz."""
+    return _clock(_reading(handle, "nvmlDeviceGetClockInfo"), type, current=True)
+
+
+def nvmlDeviceGetMaxClockInfo(handle: c_nvmlDevice_t, type: int) -> int:
+    """The board's maximum clock of a domain, MHz."""
+    return _clock(_reading(handle, "nvmlDeviceGetMaxClockInfo"), type, current=False)
+
+
+def nvmlDeviceGetSupportedClocksEventReasons(handle: c_nvmlDevice_t) -> int:
+    _reading(handle, "nvmlDeviceGetSupportedClocksEventReasons")
+    return _SUPPORTED_EVENT_REASONS
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: c_nvmlDevice_t) -> int:
+    """Why the clocks are below max now: a bitmask of nvmlClocksEventReason*."""
+    dev = _reading(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+    return int(dev.get("clocks_event_reasons", nvmlClocksEventReasonNone))
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: c_nvmlDevice_t) -> int:
+    """The deprecated name (drivers before 535) of the same reading."""
+    dev = _reading(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    return int(dev.get("clocks_event_reasons", nvmlClocksEventReasonNone))
+
+
+nvmlDeviceGetSupportedClocksThrottleReasons = nvmlDeviceGetSupportedClocksEventReasons
+
+
+def nvmlDeviceGetEccMode(handle: c_nvmlDevice_t) -> list[int]:
+    """[current, pending]; NOT_SUPPORTED on a board without ECC."""
+    _reading(handle, "nvmlDeviceGetEccMode")
+    return [NVML_FEATURE_ENABLED, NVML_FEATURE_ENABLED]
+
+
+def nvmlDeviceGetTotalEccErrors(handle: c_nvmlDevice_t, errorType: int, counterType: int) -> int:
+    """ECC errors of a type: volatile (since the driver loaded) or aggregate (board life)."""
+    dev = _reading(handle, "nvmlDeviceGetTotalEccErrors")
+    kinds = {
+        NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+        NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected",
+    }
+    if errorType not in kinds or counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    volatile = int(dev.get(f"ecc_{kinds[errorType]}", 0))
+    if counterType == NVML_VOLATILE_ECC:
+        return volatile
+    return int(dev.get(f"ecc_{kinds[errorType]}_aggregate", volatile))
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: c_nvmlDevice_t) -> int:
+    """Milliwatts: the limit the board enforces now."""
+    dev = _reading(handle, "nvmlDeviceGetEnforcedPowerLimit")
+    return round(float(dev.get("power_limit_w", _H200_POWER_LIMIT_W)) * 1000)
+
+
+def nvmlDeviceGetPowerManagementLimit(handle: c_nvmlDevice_t) -> int:
+    dev = _reading(handle, "nvmlDeviceGetPowerManagementLimit")
+    return round(float(dev.get("power_limit_w", _H200_POWER_LIMIT_W)) * 1000)
