@@ -98,6 +98,9 @@ class DiagnosisConfig:
     # capacity (T = D = 2: 4/8 is as full as it gets).
     backed_up_frac: float = 0.5
     starved_s: float = 30.0  # no GPU: threads waiting on a queue this long are idle
+    # Prefetch threads at or above this mean CPU % (of one core) compute their batches: more
+    # threads help. Below it they wait (the data source, a disk): more threads would wait too.
+    prefetch_cpu_bound_pct: float = 50.0
     stuck_s: float = 60.0  # no GPU: a target busy in one state this long with a full q_pre
     # Stage times (ThreadInfo.stages_ms), where the heartbeat has them: a role whose threads
     # wait this share of their loop on one queue (or, on a GPU, on the host) is starved;
@@ -180,6 +183,32 @@ def _phase_age(s: Store, now: float) -> float | None:
     if hb is None or not hb.phase_started_at:
         return None
     return s.remote_now(now) - hb.phase_started_at
+
+
+# -- what the run's state allows ------------------------------------------------------------
+@dataclass(frozen=True)
+class Possible:
+    """Which kinds of action the run's state allows: one answer that every rule's action obeys.
+
+    `signal`: the run's process is there (not ended: no exit.json, not dead by the agent's
+    liveness, no final phase), so dump stacks (d) and kill (k) can reach it.
+    `tune`: the pipeline trains now (a fresh heartbeat in training, a step within `stall_s`,
+    no graph compiling): only then is throughput advice (bottlenecks, GIL, padding, memory per
+    role) about the pipeline; in a stall or a compile every thread waits on that instead."""
+
+    signal: bool
+    tune: bool
+
+
+def possible(s: Store, now: float, cfg: DiagnosisConfig) -> Possible:
+    hb = _live(s, now, cfg, TRAINING)
+    stepping = (
+        hb is not None
+        and hb.last_step_at is not None
+        and hb.now - hb.last_step_at < cfg.stall_s
+        and hb.compile.current is None
+    )
+    return Possible(signal=not s.ended(), tune=stepping)
 
 
 # -- history: the store's heartbeats ---------------------------------------------------------
@@ -546,8 +575,8 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     age = s.heartbeat_age(now)
     if age is None or age <= cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S:
         return []
-    alive = s.process_alive()
-    what = "process dead" if alive is False else "process hung or dead"
+    dead = not possible(s, now, cfg).signal
+    what = "process dead" if dead else "process hung or dead"
     return [
         Finding(
             "critical",
@@ -556,7 +585,7 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             f"heartbeat is {_dur(age)} old (pid {hb.pid}, phase "
             f"{hb.phase}); it is rewritten every <= 2 s by its own thread",
             "the process is gone: the finding above says how; restart (r)"
-            if alive is False
+            if dead
             else "dump stacks (d); if nothing answers, kill (k) and restart (r)",
         )
     ]
@@ -572,6 +601,8 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         return []
     if (s.heartbeat_age(now) or 0) > cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S:
         return []  # the process itself is stale: stale_heartbeat says it
+    if not possible(s, now, cfg).signal:
+        return []  # a dead process's last heartbeat: how it ended is the finding, not a stall
     since_step = hb.now - hb.last_step_at
     if since_step < cfg.stall_s:
         return []
@@ -624,7 +655,7 @@ def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     if last_good is not None:
         evidence += f"; last finite {last_good[1]:.4f} at step {last_good[0]}"
         before = f"at or before step {last_good[0]}"
-    alive = not s.ended()
+    alive = possible(s, now, cfg).signal
     return [
         Finding(
             "critical",
@@ -740,13 +771,40 @@ def pipeline_bottleneck(
     q_hs empty with idle drafters -> the targets; q_hs and q_pre backed up with idle targets
     -> the drafters), idle being GPU utilisation. Without GPUs of its own, idle is threads
     blocked for long."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = _live(s, now, cfg, TRAINING) if possible(s, now, cfg).tune else None
     q = _queues(s, hb, now, cfg) if hb else None
     verdict = _bottleneck(s, hb, q, now, cfg) if hb and q else None
     if verdict is None:
         return []
     code, title, evidence, action = verdict
+    if code == "prefetch_bottleneck" and hb is not None:
+        evidence, action = _prefetch_cpu_bound(s, hb, cfg, evidence, action)
     return [Finding("warning", code, title, evidence, action)]
+
+
+def _prefetch_cpu_bound(
+    s: Store, hb: Heartbeat, cfg: DiagnosisConfig, evidence: str, action: str
+) -> tuple[str, str]:
+    """More prefetch threads help only threads that compute: the prefetch threads' CPU
+    (ThreadInfo.cpu_pct, the trainer's /proc/self/task reading) averaged over the store's
+    heartbeats of the utilisation window decides between that advice and a wait on I/O."""
+    beats = [*_recent(s, hb.now, cfg.util_window_s), hb]
+    by_beat = {b.now: [t.cpu_pct for t in b.threads_of("prefetch")] for b in beats}
+    samples = [pct for pcts in by_beat.values() for pct in pcts]
+    if not samples:
+        return evidence, action  # a trainer that names no prefetch threads: no CPU to judge
+    cpu = statistics.fmean(samples)
+    n = sum(1 for pcts in by_beat.values() if pcts)
+    evidence += f"; prefetch threads {cpu:.0f}% CPU on average over {n} heartbeat" + (
+        "s" if n != 1 else ""
+    )
+    if cpu >= cfg.prefetch_cpu_bound_pct:
+        return evidence, action
+    return evidence, (
+        f"prefetch waits, it does not compute (under {cfg.prefetch_cpu_bound_pct:.0f}% CPU): "
+        "more threads would wait too; check the data source and the disk it is read from "
+        "(a slow or network mount, I/O wait)"
+    )
 
 
 # Which queue each verdict is about, in stage times: (starved role, its wait, upstream).
@@ -823,7 +881,7 @@ def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     earlier comparable runs (dflash_tui/facts.py, the number the GPU pane shows too): once
     training, a replica that does its work holds about the same as last time; far less means
     it never got batches or runs another config."""
-    if not _live(s, now, cfg, TRAINING, CHECKPOINTING):
+    if not possible(s, now, cfg).tune:
         return []
     devices = s.gpu_devices()
     expected = expected_memory(s)
@@ -1047,7 +1105,7 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
     a long bucket (chat data without packing: 99 % padding, 200 tok/s instead of 15K, was
     seen on an H200). The heartbeat's `data.padding` is the share over the recent steps."""
     hb = _live(s, now, cfg, TRAINING)
-    if hb is None or hb.data is None or hb.data.padding is None:
+    if hb is None or not possible(s, now, cfg).tune or hb.data is None or hb.data.padding is None:
         return []
     pad = hb.data.padding
     if pad < cfg.padding_frac:
@@ -1120,7 +1178,7 @@ def gil_pressure(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     oversubscribed): the pipeline threads then wait on Python, not on the GPUs. Sustained over
     several heartbeats of the store's history only, as single spikes are common."""
     hb = _live(s, now, cfg, TRAINING)
-    if hb is None:
+    if hb is None or not possible(s, now, cfg).tune:
         return []
     beats = _recent(s, hb.now, cfg.rise_window_s)[-cfg.gil_beats :]
     if len(beats) < cfg.gil_beats or not all(
@@ -1212,7 +1270,7 @@ def environment_changed(
     signature, trainer/contract/comparable.py) and its environment differs from that run's:
     name what differs ("transformers 5.17.0 → 5.24.0, fla missing")."""
     hb = s.heartbeat
-    if hb is not None and not _live(s, now, cfg, TRAINING):
+    if hb is not None and not possible(s, now, cfg).tune:
         return []
     rates, _source = _recent_rates(s, cfg)
     if not rates:
@@ -1243,7 +1301,7 @@ def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     if not base or base <= 0:
         return []
     hb = s.heartbeat
-    if hb is not None and not _live(s, now, cfg, TRAINING):
+    if hb is not None and not possible(s, now, cfg).tune:
         return []
     if hb is None and s.ended():
         return []
@@ -1412,7 +1470,7 @@ def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
         return []
     fall = _fall(best, latest)
     acc = f"{best.train_acc or 0.0:.1%} → {latest.train_acc or 0.0:.1%}"
-    if s.ended():
+    if not possible(s, now, cfg).signal:
         action = f"{_export_best(best)}, not the newest; next time more data or fewer epochs"
     else:
         action = (
