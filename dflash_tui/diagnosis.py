@@ -13,6 +13,7 @@ depend on how often a view happens to call `diagnose()`.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import statistics
 import time
@@ -54,7 +55,7 @@ from trainer.contract.phases import (
     TARGET_WAIT,
     TRAINING,
 )
-from trainer.contract.records import ExitRecord
+from trainer.contract.records import ExitRecord, OomCheck
 from trainer.contract.typed import encode, finite
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -490,17 +491,11 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
     if ex is not None and ex.signal and not message:
         # No exception: a signal ended it (the OOM killer, a kill -9). The outcome's word;
         # the step is the last heartbeat's (evidence), which may be a second behind.
-        return [
-            Finding(
-                "critical",
-                "killed",
-                f"run killed by {ex.signal}",
-                _no_error_evidence(s, ex),
-                "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
-                "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then "
-                "restart (r)",
-            )
-        ]
+        evidence, action = _no_error_evidence(s, ex), KILLED_UNKNOWN
+        if ex.oom is not None:
+            found, action = _oom_words(ex.oom)
+            evidence += f"; {found}"
+        return [Finding("critical", "killed", f"run killed by {ex.signal}", evidence, action)]
     if ex is not None and ex.signal:
         how = f"killed by {ex.signal}"
     else:
@@ -515,6 +510,47 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
             "read the traceback (heartbeat error / train.log), fix, then restart (r)",
         )
     ]
+
+
+KILLED_UNKNOWN = (
+    "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
+    "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then restart (r)"
+)
+
+
+def _oom_words(oom: OomCheck) -> tuple[str, str]:
+    """(what the wrapper found of the OOM killer after the SIGKILL, the action it leads to):
+    the memory cgroup's oom_kill count since launch and the kernel log, each as read, or why
+    not (dflash_tui/agent/oom.py)."""
+    where = f"{posixpath.basename(oom.events)} of {posixpath.dirname(oom.events)}"
+    if oom.kernel:
+        kernel = f"kernel: {oom.kernel[-1]}"
+    elif oom.kernel_error:
+        kernel = f"kernel log not readable ({oom.kernel_error})"
+    else:
+        kernel = "the kernel log names no OOM kill of the trainer"
+    if oom.oom_kills:
+        count = f"oom_kill {oom.oom_kills} in {where} since launch: the kernel's OOM killer"
+    elif oom.oom_kills == 0:
+        count = f"no OOM kill recorded in {where}"
+    else:
+        count = f"{oom.events or 'memory cgroup'} not readable ({oom.events_error})"
+    if oom.oom_killed():
+        return f"{count}; {kernel}", (
+            "the host's memory ran out (not the GPU's): raise the memory limit of that cgroup "
+            "or lower the trainer's host memory (batch, the largest seq bucket, data workers); "
+            "then restart (r)"
+        )
+    if oom.oom_kills == 0 and not oom.kernel_error:
+        words = f"{count}, {kernel}: something else sent SIGKILL"
+    elif oom.oom_kills == 0:
+        words = f"{count}: something else sent SIGKILL; {kernel}"
+    else:
+        return f"{count}; {kernel}", KILLED_UNKNOWN
+    return words, (
+        "find who sent SIGKILL (a kill -9 by hand or by a script, a job scheduler, the "
+        "container runtime); then restart (r)"
+    )
 
 
 def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
