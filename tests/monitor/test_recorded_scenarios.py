@@ -166,9 +166,10 @@ def test_stalled_loop_of_a_dead_process_says_no_dump_stacks():
 
 
 def test_compiling_during_training_gives_no_bottleneck_advice():
-    """drafters_bottleneck's recording with one documented edit: its heartbeat says a graph
-    is compiling now (CompileInfo.current, as dynamo's hooks set it for a recompile after
-    warm-up). The targets wait on a compile then, not on slow drafters: no "add replicas"."""
+    """drafters_bottleneck's (and fingerprinted's) recording with one documented edit: its
+    heartbeat says a graph is compiling now (CompileInfo.current, as dynamo's hooks set it
+    for a recompile after warm-up). The targets wait on a compile then, not on slow
+    drafters: no "add replicas"."""
     evs = events(rec("drafters_bottleneck"))
     assert codes(diagnose(store(evs), NOW)) == ["drafters_bottleneck"]
     for e in evs:
@@ -177,6 +178,13 @@ def test_compiling_during_training_gives_no_bottleneck_advice():
     s = store(evs)
     assert diagnose(s, NOW) == []
     assert not possible(s, NOW, DEFAULT_CONFIG).tune
+    # The same edit on fingerprinted's real GIL pressure: no "move Python work" mid-compile.
+    evs = events(rec("fingerprinted"))
+    assert codes(diagnose(store(evs), NOW)) == ["gil_pressure"]
+    for e in evs:
+        if e["type"] == "heartbeat":
+            e["data"]["compile"].update(current="drafter forward", current_since=NOW - 40)
+    assert diagnose(store(evs), NOW) == []
 
 
 def test_prefetch_bottleneck():
