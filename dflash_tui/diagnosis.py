@@ -522,6 +522,8 @@ def _oom_words(oom: OomCheck) -> tuple[str, str]:
     """(what the wrapper found of the OOM killer after the SIGKILL, the action it leads to):
     the memory cgroup's oom_kill count since launch and the kernel log, each as read, or why
     not (dflash_tui/agent/oom.py)."""
+    # A count that fell (a hostile file, a cgroup made anew) recorded no kill of this run.
+    kills = None if oom.oom_kills is None else max(0, oom.oom_kills)
     where = f"{posixpath.basename(oom.events)} of {posixpath.dirname(oom.events)}"
     if oom.kernel:
         kernel = f"kernel: {oom.kernel[-1]}"
@@ -529,9 +531,9 @@ def _oom_words(oom: OomCheck) -> tuple[str, str]:
         kernel = f"kernel log not readable ({oom.kernel_error})"
     else:
         kernel = "the kernel log names no OOM kill of the trainer"
-    if oom.oom_kills:
-        count = f"oom_kill {oom.oom_kills} in {where} since launch: the kernel's OOM killer"
-    elif oom.oom_kills == 0:
+    if kills:
+        count = f"oom_kill {kills} in {where} since launch: the kernel's OOM killer"
+    elif kills == 0:
         count = f"no OOM kill recorded in {where}"
     else:
         count = f"{oom.events or 'memory cgroup'} not readable ({oom.events_error})"
@@ -541,9 +543,9 @@ def _oom_words(oom: OomCheck) -> tuple[str, str]:
             "or lower the trainer's host memory (batch, the largest seq bucket, data workers); "
             "then restart (r)"
         )
-    if oom.oom_kills == 0 and not oom.kernel_error:
+    if kills == 0 and not oom.kernel_error:
         words = f"{count}, {kernel}: something else sent SIGKILL"
-    elif oom.oom_kills == 0:
+    elif kills == 0:
         words = f"{count}: something else sent SIGKILL; {kernel}"
     else:
         return f"{count}; {kernel}", KILLED_UNKNOWN

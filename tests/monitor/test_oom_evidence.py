@@ -6,6 +6,7 @@ SIGKILL with the kernel log really unreadable (the wrapper run as nobody: dmesg_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,7 +24,13 @@ from test_diagnosis import NOW, events, store
 from dflash_tui.agent import oom
 from dflash_tui.diagnosis import diagnose
 from dflash_tui.link.bundle import agent_blob
-from trainer.contract.records import ExitRecord, LaunchRecord, read_exit, read_launch
+from trainer.contract.records import (
+    ExitRecord,
+    LaunchRecord,
+    OomCheck,
+    read_exit,
+    read_launch,
+)
 from trainer.contract.typed import encode
 
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
@@ -199,3 +206,26 @@ def test_a_clean_exit_is_not_checked(tmp_path):
     assert r.returncode == 0, r.stderr
     ended = json.loads((run_dir / "exit.json").read_text())
     assert ended["signal"] == "SIGTERM" and ended["oom"] is None
+
+
+def test_what_could_not_be_read_is_said():
+    """killed_sigkill's real exit record with its oom check edited (documented): the cgroup
+    file gone at the death, dmesg refused. Nothing says who sent it: the kernel log advice
+    stays; a count that fell (a cgroup made anew) is no kill either."""
+    evs = events("recorded/killed_sigkill.jsonl")
+    liveness = next(e for e in evs if e["type"] == "liveness")
+    real = ExitRecord(**{**liveness["exit"], "oom": None})
+    gone = "/sys/fs/cgroup/x/memory.events: gone"
+    refused = "dmesg: read kernel buffer failed: Operation not permitted"
+    check = OomCheck(events="/sys/fs/cgroup/x/memory.events", events_error=gone)
+    check.kernel_error = refused
+    f = killed_finding(dataclasses.replace(real, oom=check))
+    assert f.evidence.endswith(
+        f"; /sys/fs/cgroup/x/memory.events not readable ({gone}); kernel log not readable "
+        f"({refused})"
+    )
+    assert "dmesg -T" in f.action
+    fell = dataclasses.replace(check, oom_kills=-2, events_error="")
+    f = killed_finding(dataclasses.replace(real, oom=fell))
+    assert "no OOM kill recorded in memory.events of /sys/fs/cgroup/x" in f.evidence
+    assert f.action.startswith("find who sent SIGKILL")

@@ -73,7 +73,7 @@ class OomCheck:
     kernel_error: str = ""  # why the kernel log was not read ("": it was)
 
     def oom_killed(self) -> bool:
-        return bool(self.oom_kills) or bool(self.kernel)
+        return (self.oom_kills or 0) > 0 or bool(self.kernel)
 
 
 @dataclasses.dataclass
