@@ -14,6 +14,7 @@ depend on how often a view happens to call `diagnose()`.
 from __future__ import annotations
 
 import itertools
+import posixpath
 import re
 import statistics
 import time
@@ -70,7 +71,7 @@ from trainer.contract.protocol import (
     CLOCK_SW_THERMAL,
     CLOCK_SYNC_BOOST,
 )
-from trainer.contract.records import ExitRecord
+from trainer.contract.records import ExitRecord, OomCheck
 from trainer.contract.typed import encode, finite
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -117,6 +118,9 @@ class DiagnosisConfig:
     # capacity (T = D = 2: 4/8 is as full as it gets).
     backed_up_frac: float = 0.5
     starved_s: float = 30.0  # no GPU: threads waiting on a queue this long are idle
+    # Prefetch threads at or above this mean CPU % (of one core) compute their batches: more
+    # threads help. Below it they wait (the data source, a disk): more threads would wait too.
+    prefetch_cpu_bound_pct: float = 50.0
     stuck_s: float = 60.0  # no GPU: a target busy in one state this long with a full q_pre
     # Stage times (ThreadInfo.stages_ms), where the heartbeat has them: a role whose threads
     # wait this share of their loop on one queue (or, on a GPU, on the host) is starved;
@@ -205,6 +209,32 @@ def _phase_age(s: Store, now: float) -> float | None:
     if hb is None or not hb.phase_started_at:
         return None
     return s.remote_now(now) - hb.phase_started_at
+
+
+# -- what the run's state allows ------------------------------------------------------------
+@dataclass(frozen=True)
+class Possible:
+    """Which kinds of action the run's state allows: one answer that every rule's action obeys.
+
+    `signal`: the run's process is there (not ended: no exit.json, not dead by the agent's
+    liveness, no final phase), so dump stacks (d) and kill (k) can reach it.
+    `tune`: the pipeline trains now (a fresh heartbeat in training, a step within `stall_s`,
+    no graph compiling): only then is throughput advice (bottlenecks, GIL, padding, memory per
+    role) about the pipeline; in a stall or a compile every thread waits on that instead."""
+
+    signal: bool
+    tune: bool
+
+
+def possible(s: Store, now: float, cfg: DiagnosisConfig) -> Possible:
+    hb = _live(s, now, cfg, TRAINING)
+    stepping = (
+        hb is not None
+        and hb.last_step_at is not None
+        and hb.now - hb.last_step_at < cfg.stall_s
+        and hb.compile.current is None
+    )
+    return Possible(signal=not s.ended(), tune=stepping)
 
 
 # -- history: the store's heartbeats ---------------------------------------------------------
@@ -486,17 +516,11 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
     if ex is not None and ex.signal and not message:
         # No exception: a signal ended it (the OOM killer, a kill -9). The outcome's word;
         # the step is the last heartbeat's (evidence), which may be a second behind.
-        return [
-            Finding(
-                "critical",
-                "killed",
-                f"run killed by {ex.signal}",
-                _no_error_evidence(s, ex),
-                "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
-                "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then "
-                "restart (r)",
-            )
-        ]
+        evidence, action = _no_error_evidence(s, ex), KILLED_UNKNOWN
+        if ex.oom is not None:
+            found, action = _oom_words(ex.oom)
+            evidence += f"; {found}"
+        return [Finding("critical", "killed", f"run killed by {ex.signal}", evidence, action)]
     if ex is not None and ex.signal:
         how = f"killed by {ex.signal}"
     else:
@@ -511,6 +535,49 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
             "read the traceback (heartbeat error / train.log), fix, then restart (r)",
         )
     ]
+
+
+KILLED_UNKNOWN = (
+    "no handler runs on SIGKILL: look for the OOM killer in the host's kernel log "
+    "(dmesg -T | grep -i -e oom -e 'killed process') or whoever sent it; then restart (r)"
+)
+
+
+def _oom_words(oom: OomCheck) -> tuple[str, str]:
+    """(what the wrapper found of the OOM killer after the SIGKILL, the action it leads to):
+    the memory cgroup's oom_kill count since launch and the kernel log, each as read, or why
+    not (dflash_tui/agent/oom.py)."""
+    # A count that fell (a hostile file, a cgroup made anew) recorded no kill of this run.
+    kills = None if oom.oom_kills is None else max(0, oom.oom_kills)
+    where = f"{posixpath.basename(oom.events)} of {posixpath.dirname(oom.events)}"
+    if oom.kernel:
+        kernel = f"kernel: {oom.kernel[-1]}"
+    elif oom.kernel_error:
+        kernel = f"kernel log not readable ({oom.kernel_error})"
+    else:
+        kernel = "the kernel log names no OOM kill of the trainer"
+    if kills:
+        count = f"oom_kill {kills} in {where} since launch: the kernel's OOM killer"
+    elif kills == 0:
+        count = f"no OOM kill recorded in {where}"
+    else:
+        count = f"{oom.events or 'memory cgroup'} not readable ({oom.events_error})"
+    if oom.oom_killed():
+        return f"{count}; {kernel}", (
+            "the host's memory ran out (not the GPU's): raise the memory limit of that cgroup "
+            "or lower the trainer's host memory (batch, the largest seq bucket, data workers); "
+            "then restart (r)"
+        )
+    if kills == 0 and not oom.kernel_error:
+        words = f"{count}, {kernel}: something else sent SIGKILL"
+    elif kills == 0:
+        words = f"{count}: something else sent SIGKILL; {kernel}"
+    else:
+        return f"{count}; {kernel}", KILLED_UNKNOWN
+    return words, (
+        "find who sent SIGKILL (a kill -9 by hand or by a script, a job scheduler, the "
+        "container runtime); then restart (r)"
+    )
 
 
 def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
@@ -571,8 +638,8 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     age = s.heartbeat_age(now)
     if age is None or age <= cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S:
         return []
-    alive = s.process_alive()
-    what = "process dead" if alive is False else "process hung or dead"
+    dead = not possible(s, now, cfg).signal
+    what = "process dead" if dead else "process hung or dead"
     return [
         Finding(
             "critical",
@@ -581,7 +648,7 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             f"heartbeat is {_dur(age)} old (pid {hb.pid}, phase "
             f"{hb.phase}); it is rewritten every <= 2 s by its own thread",
             "the process is gone: the finding above says how; restart (r)"
-            if alive is False
+            if dead
             else "dump stacks (d); if nothing answers, kill (k) and restart (r)",
         )
     ]
@@ -597,6 +664,8 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         return []
     if (s.heartbeat_age(now) or 0) > cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S:
         return []  # the process itself is stale: stale_heartbeat says it
+    if not possible(s, now, cfg).signal:
+        return []  # a dead process's last heartbeat: how it ended is the finding, not a stall
     since_step = hb.now - hb.last_step_at
     if since_step < cfg.stall_s:
         return []
@@ -714,7 +783,7 @@ def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     if last_good is not None:
         evidence += f"; last finite {last_good[1]:.4f} at step {last_good[0]}"
         before = f"at or before step {last_good[0]}"
-    alive = not s.ended()
+    alive = possible(s, now, cfg).signal
     return [
         Finding(
             "critical",
@@ -842,13 +911,40 @@ def pipeline_bottleneck(
     q_hs empty with idle drafters -> the targets; q_hs and q_pre backed up with idle targets
     -> the drafters), idle being GPU utilisation. Without GPUs of its own, idle is threads
     blocked for long."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = _live(s, now, cfg, TRAINING) if possible(s, now, cfg).tune else None
     q = _queues(s, hb, now, cfg) if hb else None
     verdict = _bottleneck(s, hb, q, now, cfg) if hb and q else None
     if verdict is None:
         return []
     code, title, evidence, action = verdict
+    if code == "prefetch_bottleneck" and hb is not None:
+        evidence, action = _prefetch_cpu_bound(s, hb, cfg, evidence, action)
     return [Finding("warning", code, title, evidence, action)]
+
+
+def _prefetch_cpu_bound(
+    s: Store, hb: Heartbeat, cfg: DiagnosisConfig, evidence: str, action: str
+) -> tuple[str, str]:
+    """More prefetch threads help only threads that compute: the prefetch threads' CPU
+    (ThreadInfo.cpu_pct, the trainer's /proc/self/task reading) averaged over the store's
+    heartbeats of the utilisation window decides between that advice and a wait on I/O."""
+    beats = [*_recent(s, hb.now, cfg.util_window_s), hb]
+    by_beat = {b.now: [t.cpu_pct for t in b.threads_of("prefetch")] for b in beats}
+    samples = [pct for pcts in by_beat.values() for pct in pcts]
+    if not samples:
+        return evidence, action  # a trainer that names no prefetch threads: no CPU to judge
+    cpu = statistics.fmean(samples)
+    n = sum(1 for pcts in by_beat.values() if pcts)
+    evidence += f"; prefetch threads {cpu:.0f}% CPU on average over {n} heartbeat" + (
+        "s" if n != 1 else ""
+    )
+    if cpu >= cfg.prefetch_cpu_bound_pct:
+        return evidence, action
+    return evidence, (
+        f"prefetch waits, it does not compute (under {cfg.prefetch_cpu_bound_pct:.0f}% CPU): "
+        "more threads would wait too; check the data source and the disk it is read from "
+        "(a slow or network mount, I/O wait)"
+    )
 
 
 # Which queue each verdict is about, in stage times: (starved role, its wait, upstream).
@@ -925,7 +1021,7 @@ def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     earlier comparable runs (dflash_tui/facts.py, the number the GPU pane shows too): once
     training, a replica that does its work holds about the same as last time; far less means
     it never got batches or runs another config."""
-    if not _live(s, now, cfg, TRAINING, CHECKPOINTING):
+    if not possible(s, now, cfg).tune:
         return []
     devices = s.gpu_devices()
     expected = expected_memory(s)
@@ -1149,7 +1245,7 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
     a long bucket (chat data without packing: 99 % padding, 200 tok/s instead of 15K, was
     seen on an H200). The heartbeat's `data.padding` is the share over the recent steps."""
     hb = _live(s, now, cfg, TRAINING)
-    if hb is None or hb.data is None or hb.data.padding is None:
+    if hb is None or not possible(s, now, cfg).tune or hb.data is None or hb.data.padding is None:
         return []
     pad = hb.data.padding
     if pad < cfg.padding_frac:
@@ -1222,7 +1318,7 @@ def gil_pressure(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     oversubscribed): the pipeline threads then wait on Python, not on the GPUs. Sustained over
     several heartbeats of the store's history only, as single spikes are common."""
     hb = _live(s, now, cfg, TRAINING)
-    if hb is None:
+    if hb is None or not possible(s, now, cfg).tune:
         return []
     beats = _recent(s, hb.now, cfg.rise_window_s)[-cfg.gil_beats :]
     if len(beats) < cfg.gil_beats or not all(
@@ -1314,7 +1410,7 @@ def environment_changed(
     signature, trainer/contract/comparable.py) and its environment differs from that run's:
     name what differs ("transformers 5.17.0 → 5.24.0, fla missing")."""
     hb = s.heartbeat
-    if hb is not None and not _live(s, now, cfg, TRAINING):
+    if hb is not None and not possible(s, now, cfg).tune:
         return []
     rates, _source = _recent_rates(s, cfg)
     if not rates:
@@ -1571,7 +1667,7 @@ def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     if not base or base <= 0:
         return []
     hb = s.heartbeat
-    if hb is not None and not _live(s, now, cfg, TRAINING):
+    if hb is not None and not possible(s, now, cfg).tune:
         return []
     if hb is None and s.ended():
         return []
@@ -1740,7 +1836,7 @@ def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
         return []
     fall = _fall(best, latest)
     acc = f"{best.train_acc or 0.0:.1%} → {latest.train_acc or 0.0:.1%}"
-    if s.ended():
+    if not possible(s, now, cfg).signal:
         action = f"{_export_best(best)}, not the newest; next time more data or fewer epochs"
     else:
         action = (

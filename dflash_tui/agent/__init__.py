@@ -26,6 +26,7 @@ One job per module:
   deploy    unpacking a release, trusted by its hash before any of it runs
   export    the trainer's `export` of a run's drafter, run from the release into exports/
   wrap      the detached parent of one trainer run: starts it, writes exit.json
+  oom       after a SIGKILL: the memory cgroup's oom_kill count and the kernel log
 
 Runs live in RUN_ROOT/<run_id>/. While a launched run lives, RUN_ROOT/.launch.lock is
 flock-ed: the agent takes the lock, hands it to the detached wrapper (and that to the

@@ -4,7 +4,9 @@ The agent starts `python dflash_agent.py wrap --run-dir D --lock-fd N -- python 
 in a session of its own, so the run survives the agent and the SSH connection. The wrapper
 starts the trainer in its own process group (a kill signals the group), records the
 trainer's pid and start time in launch.json, waits, and writes exit.json. Its own stdout is
-launch.log; the trainer's stdout and stderr go to train.log.
+launch.log; the trainer's stdout and stderr go to train.log. It outlives the trainer, so it
+is where a SIGKILL's sender is looked for (oom.py): the memory cgroup found at the start,
+read again right after the death, and the kernel log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import time
 from typing import Any
 
+from dflash_tui.agent import oom
 from dflash_tui.agent.procs import proc_start
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.records import (
@@ -25,6 +28,7 @@ from trainer.contract.records import (
     LAUNCH,
     TRAIN_LOG,
     ExitRecord,
+    OomCheck,
     write_exit,
     write_json_atomic,
 )
@@ -38,6 +42,7 @@ def record_exit(
     signal_name: str | None = None,
     error: str | None = None,
     started_at: float | None = None,
+    oom_check: OomCheck | None = None,
 ) -> ExitRecord:
     """exit.json, through the contract's one writer, with what the last heartbeat knew."""
     hb = read_heartbeat(os.path.join(run_dir, HEARTBEAT))
@@ -53,6 +58,7 @@ def record_exit(
         step=hb.step if hb else None,
         total_steps=(hb.total_steps or None) if hb else None,
         checkpoint=hb.last_checkpoint.path if hb and hb.last_checkpoint else None,
+        oom=oom_check,
     )
     write_exit(run_dir, record)
     return record
@@ -118,12 +124,14 @@ def wrap(args: argparse.Namespace) -> int:
         started_at=started,
         proc_start=proc_start(child.pid),
     )
+    memory = oom.watch(child.pid)  # its cgroup is readable only while it lives
     code = child.wait()
     record = record_exit(
         run_dir,
         code if code >= 0 else None,
         _signal_name(-code) if code < 0 else None,
         started_at=started,
+        oom_check=oom.check(memory, child.pid) if code == -signal.SIGKILL else None,
     )
     print(f"{time.strftime('%H:%M:%S')} trainer exited: {record.describe()}", flush=True)
     return 0

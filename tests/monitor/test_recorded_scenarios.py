@@ -14,7 +14,7 @@ import pytest
 from test_diagnosis import NOW, SCENARIOS, Events, codes, events, hb, only, run, store
 
 from dflash_tui import evaluation
-from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose
+from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose, possible
 from dflash_tui.facts import phase_expectation
 from dflash_tui.stages import busiest, of_heartbeat
 from trainer.contract.heartbeat import Heartbeat
@@ -118,7 +118,15 @@ def test_killed_sigkill():
     assert codes(found) == ["killed", "stale_heartbeat"]
     assert found[0].title == "run killed by SIGKILL"
     assert found[0].evidence.startswith("no error recorded; last heartbeat: phase training, step ")
-    assert "OOM killer" in found[0].action
+    # The wrapper read the trainer's memory cgroup as it died (a cgroup v1 one here) and
+    # the kernel log: no OOM kill. The self-sent SIGKILL is "something else".
+    assert found[0].evidence.endswith(
+        "; no OOM kill recorded in memory.oom_control of /sys/fs/cgroup/memory/process_api/"
+        "1e7886f65a28bb7320e07a37a6c84888, the kernel log names no OOM kill of the trainer: "
+        "something else sent SIGKILL"
+    )
+    assert found[0].action.startswith("find who sent SIGKILL")
+    assert "dump stacks" not in found[1].action
     assert found[1].title == "process dead"
     assert found[1].action.startswith("the process is gone")  # no dump-stacks advice
     outcome = store(events(rec("killed_sigkill"))).outcome()
@@ -126,12 +134,58 @@ def test_killed_sigkill():
 
 
 def test_stalled_loop():
-    found = run(rec("stalled_loop"))
-    assert codes(found) == ["loop_stalled", "drafters_bottleneck"]
-    assert found[0].title == "training loop stalled in drafter-0 (forward for 2m09s)"
-    assert found[0].evidence == "heartbeat fresh, but no step for 2m09s (step 30)"
-    # The hang is inside the drafters: the targets back up behind them.
-    assert "target-0, target-1 waiting: q_hs full" in found[1].evidence
+    # The hang is inside the drafters and the targets back up behind them (q_hs full for
+    # 2m09s), but no step for that long is no throughput to tune: no "add drafter replicas".
+    (f,) = run(rec("stalled_loop"))
+    assert (f.code, f.title) == (
+        "loop_stalled",
+        "training loop stalled in drafter-0 (forward for 2m09s)",
+    )
+    assert f.evidence == "heartbeat fresh, but no step for 2m09s (step 30)"
+    assert f.action == "dump stacks (d) to see where it waits"
+    s = store(events(rec("stalled_loop")))
+    assert [t.state for t in s.heartbeat.threads_of("target")] == ["waiting: q_hs full"] * 2
+    assert not possible(s, NOW, DEFAULT_CONFIG).tune
+
+
+def test_stalled_loop_of_a_dead_process_says_no_dump_stacks():
+    """The stall recorded above, then the process dies within the heartbeat's freshness (6 s):
+    edited in are the agent's liveness and runs-list events of killed_sigkill's real SIGKILL
+    exit, renamed to this run. Stacks cannot be dumped from a dead process: no loop_stalled."""
+    evs = events(rec("stalled_loop"))
+    run_id = next(e["run_id"] for e in evs if e["type"] == "follow")
+    dead = [
+        {**e, "run_id": run_id, "exit": {**e["exit"], "run_id": run_id}}
+        for e in events(rec("killed_sigkill"))
+        if e["type"] == "liveness"
+    ]
+    s = store(evs + dead)
+    found = diagnose(s, NOW)
+    assert codes(found) == ["killed"]
+    assert not any("dump stacks" in f.action for f in found)
+    assert not possible(s, NOW, DEFAULT_CONFIG).signal
+
+
+def test_compiling_during_training_gives_no_bottleneck_advice():
+    """drafters_bottleneck's (and fingerprinted's) recording with one documented edit: its
+    heartbeat says a graph is compiling now (CompileInfo.current, as dynamo's hooks set it
+    for a recompile after warm-up). The targets wait on a compile then, not on slow
+    drafters: no "add replicas"."""
+    evs = events(rec("drafters_bottleneck"))
+    assert codes(diagnose(store(evs), NOW)) == ["drafters_bottleneck"]
+    for e in evs:
+        if e["type"] == "heartbeat":
+            e["data"]["compile"].update(current="drafter forward", current_since=NOW - 40)
+    s = store(evs)
+    assert diagnose(s, NOW) == []
+    assert not possible(s, NOW, DEFAULT_CONFIG).tune
+    # The same edit on fingerprinted's real GIL pressure: no "move Python work" mid-compile.
+    evs = events(rec("fingerprinted"))
+    assert codes(diagnose(store(evs), NOW)) == ["gil_pressure"]
+    for e in evs:
+        if e["type"] == "heartbeat":
+            e["data"]["compile"].update(current="drafter forward", current_since=NOW - 40)
+    assert diagnose(store(evs), NOW) == []
 
 
 def test_one_replica_hung():
@@ -148,11 +202,40 @@ def test_one_replica_hung():
 
 
 def test_prefetch_bottleneck():
+    # The fault sleeps in batch building, as a thread blocked on a slow disk does: 0 % CPU.
+    # More prefetch threads would only wait too: the advice is the data source, not threads.
     (f,) = run(rec("prefetch_bottleneck"))
     assert (f.code, f.title) == ("prefetch_bottleneck", "data prefetch is the bottleneck")
     assert f.evidence.startswith("q_pre 0/8 0/8")
     assert "target-0, target-1 waiting: q_pre empty for" in f.evidence
-    assert "prefetch-0 'building batch'" in f.evidence
+    assert "prefetch-0 'building batch' 0% CPU" in f.evidence
+    assert f.evidence.endswith("; prefetch threads 0% CPU on average over 10 heartbeats")
+    assert "add prefetch threads" not in f.action
+    assert f.action.startswith("prefetch waits, it does not compute (under 50% CPU)")
+    assert "disk" in f.action
+
+
+def test_prefetch_bottleneck_cpu_bound():
+    """The same recording with its prefetch threads' cpu_pct edited to 95 % in the heartbeat
+    and every telemetry.jsonl line (documented: threads that compute their batches): then
+    more prefetch threads are the advice."""
+
+    def cpu_bound(beat: dict) -> dict:
+        for th in beat["threads"]:
+            if th["role"] == "prefetch":
+                th["cpu_pct"] = 95.0
+        return beat
+
+    evs = events(rec("prefetch_bottleneck"))
+    for e in evs:
+        if e["type"] == "heartbeat":
+            cpu_bound(e["data"])
+        elif e["type"] == "line" and e["file"] == "telemetry.jsonl":
+            e["text"] = json.dumps(cpu_bound(json.loads(e["text"])))
+    (f,) = diagnose(store(evs), NOW)
+    assert f.code == "prefetch_bottleneck"
+    assert f.evidence.endswith("; prefetch threads 95% CPU on average over 10 heartbeats")
+    assert f.action.startswith("add prefetch threads")
 
 
 def test_targets_bottleneck():

@@ -61,6 +61,22 @@ class LaunchRecord:
 
 
 @dataclasses.dataclass
+class OomCheck:
+    """After a SIGKILL, what the launch wrapper found of the kernel's OOM killer
+    (dflash_tui/agent/oom.py), read as the trainer died: its memory cgroup's count, the
+    kernel log's lines. Said to the operator as found, including what could not be read."""
+
+    events: str = ""  # the cgroup file: v2 memory.events, v1 memory.oom_control; "": none found
+    oom_kills: int | None = None  # its oom_kill count's rise since launch; None: not read
+    events_error: str = ""  # why the count was not read
+    kernel: list[str] = dataclasses.field(default_factory=list)  # log lines of this pid's kill
+    kernel_error: str = ""  # why the kernel log was not read ("": it was)
+
+    def oom_killed(self) -> bool:
+        return (self.oom_kills or 0) > 0 or bool(self.kernel)
+
+
+@dataclasses.dataclass
 class ExitRecord:
     run_id: str
     exit_code: int | None = None  # None when a signal ended it
@@ -72,6 +88,7 @@ class ExitRecord:
     step: int | None = None  # the last heartbeat's step
     total_steps: int | None = None  # … of how many (schema 2)
     checkpoint: str | None = None  # the last checkpoint, relative to the run dir (schema 2)
+    oom: OomCheck | None = None  # after a SIGKILL (schema 2; None: not looked, an older wrapper)
 
     def describe(self) -> str:
         """How the process ended, in a few words (the run's outcome says more)."""
