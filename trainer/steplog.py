@@ -7,6 +7,7 @@ looks dead because its output sits in a buffer.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -52,11 +53,14 @@ class RunLog:
         with self._lock:
             if self._own_log:
                 self._log.close()
-                self._log = open(self.train_log_path, "a", buffering=size, encoding="utf-8")  # noqa: SIM115
+                raw = io.FileIO(self.train_log_path, "a")
             else:  # stdout is train.log (and unbuffered, under -u): our own buffered writer
-                fd = os.dup(sys.stdout.fileno())
-                self._log = open(fd, "w", buffering=size, encoding="utf-8")  # noqa: SIM115
+                raw = io.FileIO(os.dup(sys.stdout.fileno()), "w")
                 self._own_log = True  # close() closes it, flushing what is left
+            # write_through: the text layer hands each line on, so blocks are `size` bytes
+            # exactly (its own 8 KB chunking would double them)
+            buffered = io.BufferedWriter(raw, buffer_size=size)
+            self._log = io.TextIOWrapper(buffered, encoding="utf-8", write_through=True)
             self._flush_lines = False
 
     def line(self, text: str) -> None:
