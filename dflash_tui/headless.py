@@ -43,7 +43,13 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     eval: the heartbeat's EvalInfo as written (trainer/contract/evaluation.py) | null,
     heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
-    gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state}
+    gpus: [{index, name, mem_used, mem_total, util, role}], gpu_state,
+    host: {t, cpus, load: [1, 5, 15 min], cpu_pct, mem_total, mem_available,
+           disk: {path, free, total} | null} | null (the agent's newest host sample)}
+
+`status` (--once) prints, after the status line, one line on the host (`host: 2 CPUs, load
+4.50 (2.25 per CPU), CPU 97% busy, memory …, disk … free of … on RUN_ROOT`), then the
+findings.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from typing import TextIO
 
 from dflash_tui import compile_progress, evaluation, sanitize, stages
 from dflash_tui.diagnosis import Finding, config_for, diagnose
-from dflash_tui.fmt import BARS, duration, rate
+from dflash_tui.fmt import BARS, duration, rate, size
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
 from dflash_tui.link.link import Link
 from dflash_tui.state import ROLE_LETTER, Store
@@ -176,6 +182,24 @@ def busiest_stage(s: Store) -> list[str]:
     return [f"{name} {stage} {share} of {period}", f"{short} {stage} {share}", f"{short} {stage}"]
 
 
+def host_summary(s: Store) -> str | None:
+    """The host in one line for `status`: `host: 2 CPUs, load 4.50 (2.25 per CPU), CPU 97%
+    busy, memory 3.1 of 7.8 GB available, disk 41.2 GB free of 98.3 GB on /runs`."""
+    h = s.host
+    if h is None:
+        return None
+    parts = [f"{h.cpus} CPUs"]
+    if h.load:
+        parts.append(f"load {h.load[0]:.2f} ({h.load[0] / h.cpus:.2f} per CPU)")
+    if h.cpu_pct is not None:
+        parts.append(f"CPU {h.cpu_pct:.0f}% busy")
+    if h.mem_total is not None and h.mem_available is not None:
+        parts.append(f"memory {size(h.mem_available)} of {size(h.mem_total)} available")
+    if h.disk is not None:
+        parts.append(f"disk {size(h.disk.free)} free of {size(h.disk.total)} on {h.disk.path}")
+    return "host: " + ", ".join(parts)
+
+
 def exit_code_for(s: Store, findings: list[Finding]) -> int:
     if s.hello is None or s.link.state == "refused":
         return EXIT_UNREACHABLE
@@ -267,7 +291,7 @@ class Headless:
                 return
             ready = s.hello is not None and s.runs_received and s.follow_received
             run_seen = s.run_id is None or s.heartbeat is not None or s.heartbeat_error
-            if ready and run_seen and s.gpu is not None:
+            if ready and run_seen and s.gpu is not None and s.host is not None:
                 return
             await asyncio.sleep(0.05)
 
@@ -282,6 +306,9 @@ class Headless:
                 await self._settled(timeout=15.0)
                 findings = diagnose(self.store, config=self.diagnosis)
                 self.write(self.snapshot_text(findings))
+                host = host_summary(self.store)
+                if host is not None and not self.as_json:
+                    self.say(host)  # the path is the host's
                 if not self.as_json:
                     for f in findings:
                         self.say(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")

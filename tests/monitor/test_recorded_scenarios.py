@@ -29,7 +29,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 19
+    assert len(names) == 20
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -65,9 +65,28 @@ def test_stage_times():
 def test_fingerprinted():
     """Two runs whose config.json carries the environment and the preflight: the same
     environment and a CPU run's torch path give no finding, though the second run was 15%
-    slower; recorded on 2 shared cores, its GIL pressure was real. Variations:
-    test_environment.py."""
-    assert codes(run(rec("fingerprinted"))) == ["gil_pressure"]
+    slower. Recorded on 2 shared cores, its GIL probe woke late while no pipeline thread used
+    more than 12 % of a core: a CPU shortage, not GIL pressure (test_diagnosis_host.py).
+    Variations: test_environment.py."""
+    assert run(rec("fingerprinted")) == []
+
+
+def test_host_context():
+    """The agent's host sample and the run's checkpoints, as recorded on the shared 2-core
+    machine: oversubscribed (info), its GIL probe late because of it (gil_pressure quiet),
+    disk and memory plenty. The rules' variations: test_diagnosis_host.py."""
+    found = run(rec("host_context"))
+    assert codes(found) == ["host_oversubscribed"]
+    s = store(events(rec("host_context")))
+    h = s.host
+    assert h is not None and h.cpus == 2 and len(h.load) == 3 and h.load[0] / h.cpus > 1.5
+    assert h.disk is not None and h.disk.path == "/workspace/dflash/runs"
+    assert h.mem_total and h.mem_available and h.disk.free > 1 << 30
+    info = s.current_run()
+    assert info is not None and info.checkpoints is not None
+    use = info.checkpoints
+    assert (use.count, use.newest_step, use.every) == (2, 40, 20) and use.newest_bytes > 0
+    assert s.heartbeat is not None and use.count_to_come(s.heartbeat.total_steps) == 98
 
 
 def test_held_out_eval():
