@@ -65,9 +65,9 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
-from dflash_tui import compile_progress, evaluation, sanitize, stages
+from dflash_tui import compile_progress, evaluation, host_context, sanitize, stages
 from dflash_tui.diagnosis import Finding, config_for, diagnose
-from dflash_tui.fmt import BARS, duration, rate, size
+from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
 from dflash_tui.link.link import Link
 from dflash_tui.state import ROLE_LETTER, Store
@@ -183,21 +183,8 @@ def busiest_stage(s: Store) -> list[str]:
 
 
 def host_summary(s: Store) -> str | None:
-    """The host in one line for `status`: `host: 2 CPUs, load 4.50 (2.25 per CPU), CPU 97%
-    busy, memory 3.1 of 7.8 GB available, disk 41.2 GB free of 98.3 GB on /runs`."""
-    h = s.host
-    if h is None:
-        return None
-    parts = [f"{h.cpus} CPUs"]
-    if h.load:
-        parts.append(f"load {h.load[0]:.2f} ({h.load[0] / h.cpus:.2f} per CPU)")
-    if h.cpu_pct is not None:
-        parts.append(f"CPU {h.cpu_pct:.0f}% busy")
-    if h.mem_total is not None and h.mem_available is not None:
-        parts.append(f"memory {size(h.mem_available)} of {size(h.mem_total)} available")
-    if h.disk is not None:
-        parts.append(f"disk {size(h.disk.free)} free of {size(h.disk.total)} on {h.disk.path}")
-    return "host: " + ", ".join(parts)
+    """The host in one line for `status` (dflash_tui/host_context.py)."""
+    return host_context.summary(s.host)
 
 
 def exit_code_for(s: Store, findings: list[Finding]) -> int:

@@ -4,6 +4,7 @@ could say (the agent's stream is untrusted: trainer/contract/protocol.py `invali
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -257,3 +258,30 @@ def test_the_status_line_of_host_context() -> None:
     )
     assert s.to_json(NOW)["host"]["load"] == [4.5, 3.0, 2.0]
     assert Store().to_json(NOW)["host"] is None and host_summary(Store()) is None
+
+
+def test_the_tui_shows_the_host_under_its_gpus_with_a_hostile_path_as_text() -> None:
+    from app_scenarios import healthy
+    from monitor_helpers import typed_event
+    from test_boundary import SIZE, TARGET, plain
+
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.widgets.gpus import GpuPane
+
+    hostile = {**GOOD, "disk": {**GOOD["disk"], "path": "/runs\x1b[2J\u202e"}}
+
+    async def go() -> None:
+        app = DFlashApp(TARGET, theme_name="dark", connect=False, clock=lambda: NOW)
+        async with app.run_test(size=SIZE) as pilot:
+            for e in healthy():
+                app.feed(typed_event(e))
+            await pilot.pause(0.2)
+            assert "host:" not in plain(app.query_one(GpuPane))  # no sample, no line
+            app.feed(decode_event(hostile))
+            await pilot.pause(0.4)
+            pane = plain(app.query_one(GpuPane))
+            assert "/140G" in pane  # the GPUs still there
+            assert "host: 2 CPUs, load 4.50 (2.25 per CPU)" in pane
+            assert r"/runs\x1b[2J\u202e" in pane and "\x1b" not in pane
+
+    asyncio.run(go())
