@@ -168,6 +168,7 @@ GOOD: dict[str, Any] = {
     "disk": {"path": "/workspace/dflash/runs", "free": 40 << 30, "total": 100 << 30},
 }  # fmt: skip
 HOSTILE = [
+    ({"t": float("nan")}, "not a time"),  # an age of NaN would keep it fresh for ever
     ({"cpus": 0}, "cpus 0"),
     ({"cpus": True}, "expected int"),
     ({"cpus": 1 << 40}, "cpus"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, TypeVar
 
 from trainer.contract.checkpoints import CheckpointUse, ResumePoint
@@ -51,7 +52,8 @@ class Event:
     def invalid(self) -> str | None:
         """Why a well-typed event still cannot be the agent's (a NaN load, a negative size);
         None for a sound one. `decode_event` refuses it as Unreadable."""
-        return None
+        # A NaN time would be fresh for ever (an age of NaN compares false with any limit).
+        return None if math.isfinite(self.t) else f"t {self.t}: not a time"
 
 
 @dataclasses.dataclass
@@ -129,6 +131,8 @@ class HostSample(Event):
     disk: DiskSpace | None = None  # None: statvfs failed
 
     def invalid(self) -> str | None:
+        if (why := super().invalid()) is not None:
+            return why
         if not 1 <= self.cpus <= MAX_CPUS:
             return f"cpus {self.cpus}: not a host's"
         if len(self.load) not in (0, 3) or not all(0.0 <= x <= MAX_LOAD for x in self.load):
@@ -226,6 +230,8 @@ class RunsEvent(Event):
     alive_run: str | None = None
 
     def invalid(self) -> str | None:
+        if (why := super().invalid()) is not None:
+            return why
         for r in self.runs:
             why = r.checkpoints.invalid() if r.checkpoints is not None else None
             if why is not None:
