@@ -23,6 +23,15 @@ def rate(tok_s: Any) -> str:
     return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 
+def size(n: float) -> str:
+    """Bytes in binary units, as the memory figures are said: 5.2 MB, 41.0 GB, 12 KB."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MB"
+    return f"{n / 1024:.0f} KB"
+
+
 def spark(values: list[float], width: int, top: float | None = None) -> str:
     """The last `width` values as block characters, scaled to `top` (or their max)."""
     values = values[-width:]

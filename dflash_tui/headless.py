@@ -44,7 +44,13 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
     gpus: [{index, name, mem_used, mem_total, util, role, sm_clock_mhz, sm_clock_max_mhz,
-            clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c}], gpu_state}
+            clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c}], gpu_state,
+    host: {t, cpus, load: [1, 5, 15 min], cpu_pct, mem_total, mem_available,
+           disk: {path, free, total} | null} | null (the agent's newest host sample)}
+
+`status` (--once) prints, after the status line, one line on the host (`host: 2 CPUs, load
+4.50 (2.25 per CPU), CPU 97% busy, memory …, disk … free of … on RUN_ROOT`), then the
+findings.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
-from dflash_tui import compile_progress, evaluation, sanitize, stages
+from dflash_tui import compile_progress, evaluation, host_context, sanitize, stages
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -178,6 +184,11 @@ def busiest_stage(s: Store) -> list[str]:
     return [f"{name} {stage} {share} of {period}", f"{short} {stage} {share}", f"{short} {stage}"]
 
 
+def host_summary(s: Store) -> str | None:
+    """The host in one line for `status` (dflash_tui/host_context.py)."""
+    return host_context.summary(s.host)
+
+
 def exit_code_for(s: Store, findings: list[Finding]) -> int:
     if s.hello is None or s.link.state == "refused":
         return EXIT_UNREACHABLE
@@ -281,7 +292,7 @@ class Headless:
             run_seen = (
                 s.run_id is None or s.heartbeat is not None or s.heartbeat_error or ended_without
             )
-            if ready and run_seen and s.gpu is not None:
+            if ready and run_seen and s.gpu is not None and s.host is not None:
                 return
             await asyncio.sleep(0.05)
 
@@ -297,6 +308,9 @@ class Headless:
                 findings = diagnose(self.store, config=self.diagnosis)
                 self._notify(findings)
                 self.write(self.snapshot_text(findings))
+                host = host_summary(self.store)
+                if host is not None and not self.as_json:
+                    self.say(host)  # the path is the host's
                 if not self.as_json:
                     for f in findings:
                         self.say(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")

@@ -34,6 +34,7 @@ from trainer.contract.protocol import (
     HeartbeatError,
     HeartbeatEvent,
     Hello,
+    HostSample,
     Line,
     Liveness,
     Log,
@@ -101,6 +102,7 @@ class Store:
         self.clock_offset: float | None = None  # local time - agent time (min seen)
         self.gpu: GpuSample | None = None
         self.gpu_history: dict[int, deque[GpuPoint]] = {}
+        self.host: HostSample | None = None  # the newest host sample: CPUs, load, memory, disk
         self.history = history
         self.run_id: str | None = None
         self.run_dir: str | None = None
@@ -149,6 +151,8 @@ class Store:
                 self.hello = event
             elif isinstance(event, GpuSample):
                 self._on_gpu(event)
+            elif isinstance(event, HostSample):
+                self.host = event
             elif isinstance(event, Follow):
                 self._on_follow(event)
             elif isinstance(event, HeartbeatEvent):
@@ -360,6 +364,12 @@ class Store:
                 roles.setdefault(index, set()).add(t.role)
         return {i: "+".join(sorted(r)) for i, r in roles.items()}
 
+    def host_age(self, now: float | None = None) -> float | None:
+        """Seconds since the newest host sample, on the agent's clock; None without one."""
+        if self.host is None:
+            return None
+        return max(0.0, self.remote_now(now) - self.host.t)
+
     def eval_info(self) -> EvalInfo | None:
         """Held-out τ during training as the heartbeat says it (trainer/contract/evaluation.py):
         the latest result and the history. None: the run evaluates nothing, or an older
@@ -428,4 +438,5 @@ class Store:
                 for d in (self.gpu.devices if self.gpu else [])
             ],
             "gpu_state": self.gpu.state if self.gpu else None,
+            "host": encode(self.host),
         }

@@ -16,6 +16,7 @@ One job per module:
   files     reading a run's files (never through a symlink, never blocked by a FIFO); one
             file's new lines, heartbeat.json changes, inotify
   gpus      NVML, else nvidia-smi, else a clear "no GPU"
+  host      the host: CPUs, load, CPU use, memory, free disk under the run root
   procs     what /proc says about a process: alive, started when, in which group, which locks
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
   identity  whose process a signal may reach: the run's, proven, or none

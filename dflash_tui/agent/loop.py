@@ -26,6 +26,7 @@ from dflash_tui.agent.commands import HANDLERS
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import FileFollower, HeartbeatWatch, Inotify
 from dflash_tui.agent.gpus import Gpus
+from dflash_tui.agent.host import HostProbe
 from dflash_tui.agent.output import Out
 from dflash_tui.agent.runs import RunRoot
 from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
@@ -140,6 +141,7 @@ class Agent:
         self.hello()
         threading.Thread(target=self.read_stdin, name="stdin", daemon=True).start()
         threading.Thread(target=self.gpu_loop, name="gpu", daemon=True).start()
+        threading.Thread(target=self.host_loop, name="host", daemon=True).start()
         inotify = None
         why = "--no-inotify"
         if not self.args.no_inotify:
@@ -209,6 +211,18 @@ class Agent:
                     last_error = str(e)
                     self.out.emit(GpuSample(backend=backend, state="error", reason=str(e)))
             self.stop.wait(self.args.gpu_interval)
+
+    def host_loop(self) -> None:
+        """A host sample a second after start (its CPU use needs an interval), then every
+        --host-interval seconds."""
+        probe = HostProbe(self.runs.path)
+        wait = min(1.0, self.args.host_interval)
+        while not self.stop.wait(wait):
+            wait = self.args.host_interval
+            try:
+                self.out.emit(probe.sample())
+            except Exception as e:  # never die of a monitoring hiccup
+                self.log("error", f"host sample: {type(e).__name__}: {e}")
 
     # -- following ---------------------------------------------------------------------------
     def follow_files(self) -> None:

@@ -21,6 +21,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--remote-dir", default="~/dflash")
     p.add_argument("--python", default=None, help="interpreter for launched trainers")
     p.add_argument("--gpu-interval", type=float, default=1.0)
+    p.add_argument("--host-interval", type=float, default=5.0)
     p.add_argument(
         "--poll-interval",
         type=float,

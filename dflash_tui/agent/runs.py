@@ -26,7 +26,7 @@ from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in, tail_or_empty, what_is
 from dflash_tui.agent.procs import pid_alive
 from dflash_tui.agent.resume import Checkpoints
-from trainer.contract.checkpoints import ResumePoint, Skipped
+from trainer.contract.checkpoints import CheckpointUse, ResumePoint, Skipped, pt_name, step_of
 from trainer.contract.comparable import signature_of
 from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
@@ -133,6 +133,37 @@ def newest_checkpoint(run_dir: str) -> str | None:
         return None
     newest = max(names, key=lambda n: int(n[len("step-") : -len(".pt")]))
     return f"{CHECKPOINTS}/{newest}"
+
+
+def checkpoint_use(run_dir: str, config: dict[str, Any] | None) -> CheckpointUse | None:
+    """How many checkpoints the run has, the newest's step and size (the file itself, not what
+    a symlink there names), and how often config.json says it writes one."""
+    try:
+        fd = open_dir(os.path.join(run_dir, CHECKPOINTS))
+    except (OSError, Refused):
+        return None
+    try:
+        steps = sorted(s for n in os.listdir(fd) if (s := step_of(n)) is not None)
+        sizes = {}
+        for step in reversed(steps):  # the newest regular one: a symlink is no checkpoint
+            try:
+                st = os.stat(pt_name(step), dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                sizes[step] = st.st_size
+                break
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not sizes:
+        return None
+    ((newest, size),) = sizes.items()
+    train = config.get("train") if config is not None else None
+    every = train.get("checkpoint_every") if isinstance(train, dict) else None
+    sound = isinstance(every, int) and not isinstance(every, bool) and every >= 0
+    return CheckpointUse(len(steps), newest, size, every if sound else None)
 
 
 def last_words(run_dir: str) -> str:
@@ -408,6 +439,7 @@ class RunRoot:
             preflight=read_preflight(config),
             resume=resume,
             eval=run_eval(hb, config),
+            checkpoints=checkpoint_use(d, config),
         )
 
     def resume_point(self, run_id: str) -> ResumePoint:

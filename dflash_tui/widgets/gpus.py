@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui import host_context
 from dflash_tui.diagnosis import DEFAULT_CONFIG
 from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
@@ -67,20 +69,20 @@ class GpuPane(Static):
     """
 
     def update_from(self, s: Store) -> None:
+        gpus = self._gpus(s)
+        host = host_context.summary(s.host)  # under the GPUs: CPUs, load, memory, disk
+        self.update(gpus if host is None else Group(gpus, safe.text(host, "dim")))
+
+    def _gpus(self, s: Store) -> Text | Table:
         gpu = s.gpu
         if gpu is None:
-            self.update(Text("waiting for GPU samples…", style="dim"))
-            return
+            return Text("waiting for GPU samples…", style="dim")
         if gpu.state == "no_gpu":
-            self.update(
-                Text.assemble(
-                    ("no NVIDIA GPU", "bold"), " on this host — ", safe.text(gpu.reason, "dim")
-                )
+            return Text.assemble(
+                ("no NVIDIA GPU", "bold"), " on this host — ", safe.text(gpu.reason, "dim")
             )
-            return
         if gpu.state == "error":
-            self.update(safe.text(f"GPU sampling failed: {gpu.reason}", "bold red"))
-            return
+            return safe.text(f"GPU sampling failed: {gpu.reason}", "bold red")
         roles = s.gpu_roles()
         table = Table.grid(padding=(0, 1), expand=True)
         columns: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -131,4 +133,4 @@ class GpuPane(Static):
             if clocks:
                 cells.insert(6, clock_cell(d))
             table.add_row(*cells)
-        self.update(table)
+        return table

@@ -166,6 +166,13 @@ SCENARIOS = [
         [Run(overrides=[*EVAL, "train.max_steps=40"]), Run(overrides=EVAL, until=_evals(3))],
     ),
     Scenario(
+        "host_context",
+        "The demo config training normally with a checkpoint every 20 steps, followed at "
+        "step 50 (checkpoints at 20 and 40 in the runs list: RunInfo.checkpoints): the "
+        "agent's host sample (CPUs, load, host CPU use, memory, free disk under the run root).",
+        [Run(overrides=["train.checkpoint_every=20"], until=_step(50))],
+    ),
+    Scenario(
         "crashed_in_thread",
         "An exception in a drafter thread at its 16th batch (DFLASH_FAULT=drafter:15): the "
         "run stops, the traceback is in the heartbeat, exit code 1.",

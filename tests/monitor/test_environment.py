@@ -84,9 +84,9 @@ def test_odd_values_are_reset_not_fatal():
 def test_the_recorded_runs_carry_the_real_fingerprint():
     """As recorded: both runs carry the real fingerprint; the same environment and a CPU
     run's torch path are no finding, although the followed run really did train 15% slower
-    than the earlier one (the recording machine's 2 cores were shared: its gil_pressure
-    finding is real too)."""
-    assert codes(run(FINGERPRINTED)) == ["gil_pressure"]
+    than the earlier one (the recording machine's 2 cores were shared: its GIL probe woke
+    late, but no pipeline thread was busy, so no gil_pressure: test_diagnosis_host.py)."""
+    assert codes(run(FINGERPRINTED)) == []
     s = store(events(FINGERPRINTED))
     assert len(s.runs) == 2
     for info in s.runs:

@@ -63,11 +63,17 @@ def test_status_is_one_line_and_exit_codes(running):
     assert len(line) <= 120
     assert "training" in line and "tok/s" in line and "q_pre" in line and "no NVIDIA GPU" in line
     assert "hb " in line and "step " in line and "loss " in line
+    host = r.stdout.splitlines()[1]  # the agent's host sample, this machine's
+    assert host.startswith(f"host: {len(os.sched_getaffinity(0))} CPUs, load ")
+    assert " free of " in host and host.endswith(f" on {run_dir.parent}")
 
     j = cli("status", *where, "--json")
     snap = json.loads(j.stdout.splitlines()[0])
     assert snap["kind"] == "snapshot" and snap["state"]["phase"] == "training"
-    assert snap["state"]["run_id"] == run_dir.name and snap["findings"] == []
+    assert snap["state"]["host"]["cpus"] == len(os.sched_getaffinity(0))
+    # Healthy: no finding but, on a busy test machine, the host's own load (info)
+    assert snap["state"]["run_id"] == run_dir.name
+    assert {f["code"] for f in snap["findings"]} <= {"host_oversubscribed"}
 
 
 def test_status_of_the_live_runs_own_dir_is_the_live_status(running):

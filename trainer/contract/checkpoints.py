@@ -60,6 +60,50 @@ class CheckpointMeta:
         return None
 
 
+@dataclasses.dataclass
+class CheckpointUse:
+    """A run's checkpoints as its disk holds them (the runs list's `RunInfo.checkpoints`): what
+    the checkpoints still to come will need. Every checkpoint is kept: none is deleted."""
+
+    count: int  # checkpoints/step-N.pt files
+    newest_step: int
+    newest_bytes: int  # that file's size: each of the next ones is about as large
+    # config.json train.checkpoint_every (0: only at the end); None: config.json did not say
+    every: int | None = None
+
+    def invalid(self) -> str | None:
+        """Why these numbers cannot be a run's (they come from the host: untrusted)."""
+        every = self.every or 0
+        if self.count < 1 or self.newest_step < 0 or self.newest_bytes < 0 or every < 0:
+            return (
+                f"checkpoints: {self.count} files, newest step {self.newest_step} of "
+                f"{self.newest_bytes} bytes, every {self.every}: not a run's"
+            )
+        return None
+
+    def _periodic_to_come(self, total_steps: int) -> int:
+        """Checkpoints every `every` steps after the newest and before the last step (none
+        counted when config.json did not say how often)."""
+        c, e = self.newest_step, self.every or 0
+        return max(0, (total_steps - 1) // e - c // e) if e > 0 else 0
+
+    def count_to_come(self, total_steps: int) -> int:
+        """Checkpoints still to be written after the newest, to `total_steps`: one every
+        `every` steps before the last, and the last step's (trainer/pipeline.py, run.py)."""
+        if self.newest_step >= total_steps:
+            return 0
+        return self._periodic_to_come(total_steps) + 1
+
+    def step_to_come(self, k: int, total_steps: int) -> int | None:
+        """The step of the k-th checkpoint still to come (1: the next), or None."""
+        periodic = self._periodic_to_come(total_steps)
+        if 1 <= k <= periodic and self.every:
+            return (self.newest_step // self.every + k) * self.every
+        if k == periodic + 1 and self.newest_step < total_steps:
+            return total_steps
+        return None
+
+
 def parse_meta(raw: bytes, what: str) -> CheckpointMeta | Unreadable:
     data = parse_json(raw, what, MAX_META_BYTES)
     if isinstance(data, Unreadable):

@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any, TypeVar
 
-from trainer.contract.checkpoints import ResumePoint
+from trainer.contract.checkpoints import CheckpointUse, ResumePoint
 from trainer.contract.comparable import RunSignature
 from trainer.contract.environment import Environment, Preflight
 from trainer.contract.evaluation import EvalInfo, EvalPoint
@@ -48,6 +48,12 @@ class Event:
         data: dict[str, Any] = encode(self)
         data["type"] = self.type
         return data
+
+    def invalid(self) -> str | None:
+        """Why a well-typed event still cannot be the agent's (a NaN load, a negative size);
+        None for a sound one. `decode_event` refuses it as Unreadable."""
+        # A NaN time would be fresh for ever (an age of NaN compares false with any limit).
+        return None if math.isfinite(self.t) else f"t {self.t}: not a time"
 
 
 @dataclasses.dataclass
@@ -166,6 +172,54 @@ class GpuSample(Event):
 
 
 @dataclasses.dataclass
+class DiskSpace:
+    path: str  # the folder statted: the run root, or the nearest folder above it that exists
+    free: int  # bytes the agent's user may still write there (statvfs f_bavail)
+    total: int
+
+
+MAX_HOST_BYTES = 1 << 60  # an exabyte: no real host's memory or disk is larger
+MAX_CPUS = 1 << 16
+MAX_LOAD = 1e6
+
+
+@dataclasses.dataclass(kw_only=True)
+class HostSample(Event):
+    """The training host as the agent sees it every few seconds (dflash_tui/agent/host.py)."""
+
+    cpus: int  # CPUs the agent may run on (sched_getaffinity), else the host's count
+    load: list[float]  # load averages over 1, 5 and 15 minutes; empty: the host has none
+    cpu_pct: float | None = None  # host CPU use since the previous sample, % of all CPUs
+    mem_total: int | None = None  # bytes (/proc/meminfo MemTotal)
+    mem_available: int | None = None  # bytes (MemAvailable)
+    disk: DiskSpace | None = None  # None: statvfs failed
+
+    def invalid(self) -> str | None:
+        if (why := super().invalid()) is not None:
+            return why
+        if not 1 <= self.cpus <= MAX_CPUS:
+            return f"cpus {self.cpus}: not a host's"
+        if len(self.load) not in (0, 3) or not all(0.0 <= x <= MAX_LOAD for x in self.load):
+            return f"load {self.load}: not three load averages"  # NaN fails both bounds
+        if self.cpu_pct is not None and not 0.0 <= self.cpu_pct <= 100.0:
+            return f"cpu_pct {self.cpu_pct}: not a share"
+        mem = (self.mem_total, self.mem_available)
+        if (mem[0] is None) != (mem[1] is None):
+            return "memory: total and available come together"
+        total, available = mem
+        if (
+            total is not None
+            and available is not None
+            and not 0 <= available <= total <= MAX_HOST_BYTES
+        ):
+            return f"memory: {available} available of {total}: not a host's"
+        d = self.disk
+        if d is not None and not 0 <= d.free <= d.total <= MAX_HOST_BYTES:
+            return f"disk: {d.free} free of {d.total}: not a file system's"
+        return None
+
+
+@dataclasses.dataclass
 class RunEval:
     """A run's held-out eval as the runs list carries it: its heartbeat's `eval`
     (trainer/contract/evaluation.py) without the history, and the settings two runs' τ must
@@ -229,12 +283,24 @@ class RunInfo:
     # Held-out τ during training (the heartbeat's `eval`); None: the run evaluated nothing,
     # an older trainer, or an older agent.
     eval: RunEval | None = None
+    # Its checkpoints on disk, for what the next ones need (disk_short); None: none written
+    # yet, or an older agent.
+    checkpoints: CheckpointUse | None = None
 
 
 @dataclasses.dataclass(kw_only=True)
 class RunsEvent(Event):
     runs: list[RunInfo] = dataclasses.field(default_factory=list)
     alive_run: str | None = None
+
+    def invalid(self) -> str | None:
+        if (why := super().invalid()) is not None:
+            return why
+        for r in self.runs:
+            why = r.checkpoints.invalid() if r.checkpoints is not None else None
+            if why is not None:
+                return f"{r.run_id}: {why}"
+        return None
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -307,6 +373,7 @@ class Log(Event):
 EVENTS: dict[str, type[Event]] = {
     "hello": Hello,
     "gpu": GpuSample,
+    "host": HostSample,
     "runs": RunsEvent,
     "follow": Follow,
     "heartbeat": HeartbeatEvent,
@@ -336,10 +403,14 @@ def _decode_tagged(data: Any, tag: str, table: dict[str, type[T]], what: str) ->
 
 
 def decode_event(data: Any) -> Event | Unreadable:
-    """An agent event from parsed JSON, or why it is not one."""
+    """An agent event from parsed JSON, or why it is not one: well-typed and sound."""
     if isinstance(data, dict) and data.get("type") == "gpu":
         data = _drop_bad_health(data)
-    return _decode_tagged(data, "type", EVENTS, "event")
+    event = _decode_tagged(data, "type", EVENTS, "event")
+    if isinstance(event, Unreadable):
+        return event
+    why = event.invalid()
+    return Unreadable(f"{event.type} event", why) if why is not None else event
 
 
 def decode_event_line(raw: bytes | str) -> Event | Unreadable:
