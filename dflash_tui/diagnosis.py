@@ -30,6 +30,7 @@ from dflash_tui.facts import (
 from dflash_tui.fmt import duration, rate
 from dflash_tui.stages import ThreadStages, busiest, ms_text, of_heartbeat, of_role, thread_stages
 from dflash_tui.state import Store
+from dflash_tui.throughput_history import earlier_best, own_baseline
 from trainer.contract.environment import INSTALL, Preflight
 from trainer.contract.evaluation import EvalInfo, EvalPoint
 from trainer.contract.heartbeat import (
@@ -81,6 +82,12 @@ class DiagnosisConfig:
     baseline_tok_s: float | None = None  # no baseline, no throughput finding
     slow_pct: float = 10.0  # tok/s more than this % below the baseline
     rate_samples: int = 5  # logged steps whose median tok/s is compared
+    # throughput against history (dflash_tui/throughput_history.py); baseline_tok_s overrides
+    drop_pct: float = 30.0  # every recent step this % below the run's own stable median
+    drop_rows: int = 5  # … over this many logged steps (sustained, not one checkpoint)
+    drop_skip_rows: int = 3  # the first logged steps (compile, warm-up) are not the baseline
+    drop_min_stable: int = 5  # the stable window needs at least this many logged steps
+    earlier_pct: float = 40.0  # recent median this % below the best earlier comparable run
     # data: more of each batch than this is padding
     padding_frac: float = 0.5
     # GIL
@@ -1485,6 +1492,66 @@ def eval_skipped(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             f"an eval every {info.every} steps, each still running when the next was due{took}"
             f" ({info.prompts} prompts × {info.new_tokens} new tokens on {info.device or '?'})",
             "raise eval.every, or lower eval.prompts or eval.new_tokens",
+        )
+    ]
+
+
+# -- rules: baselines --
+@rule
+def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """tok/s fell and stayed down against the run's own stable median: every one of the last
+    drop_rows logged steps more than drop_pct below it. Off when baseline_tok_s is set."""
+    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+        return []
+    got = own_baseline(s, cfg.drop_skip_rows, cfg.drop_rows, cfg.drop_min_stable)
+    if got is None:
+        return []
+    bar = got.stable_tok_s * (1.0 - cfg.drop_pct / 100.0)
+    if got.recent_max >= bar:
+        return []
+    drop = 100.0 * (1.0 - got.recent_tok_s / got.stable_tok_s)
+    return [
+        Finding(
+            "warning",
+            "throughput_drop",
+            f"tok/s down {drop:.0f}% from this run's own baseline",
+            f"{_rate(got.recent_tok_s)} tok/s (median of the last {got.recent_rows} logged steps,"
+            f" from step {got.first_step}) vs {_rate(got.stable_tok_s)} (median of"
+            f" {got.stable_rows} earlier steps); all {cfg.drop_pct:.0f}%+ below",
+            "compare GPU use per role, queue depths and stage times with before the drop",
+        )
+    ]
+
+
+@rule
+def below_earlier_runs(
+    s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """tok/s well below the best earlier comparable run (trainer/contract/comparable.py via
+    facts.earlier_runs). Off when baseline_tok_s is set; environment_changed speaks instead
+    when the environments differ."""
+    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+        return []
+    rows = [v for m in s.metrics if (v := finite(m.tok_s)) is not None]
+    if len(rows) < cfg.drop_skip_rows + cfg.rate_samples:
+        return []  # still in compile / warm-up steps
+    best = earlier_best(s)
+    if best is None:
+        return []
+    current = statistics.median(rows[-cfg.rate_samples :])
+    deficit = 100.0 * (1.0 - current / best.tok_s)
+    if deficit <= cfg.earlier_pct:
+        return []
+    if faster_environment(s, current, 1.0 + cfg.slow_pct / 100.0) is not None:
+        return []
+    return [
+        Finding(
+            "warning",
+            "below_earlier_runs",
+            f"tok/s {deficit:.0f}% below earlier run {best.run_id}",
+            f"{_rate(current)} tok/s (median of the last {cfg.rate_samples} logged steps) vs"
+            f" {_rate(best.tok_s)}, the best of run {best.run_id} (same shape and layout)",
+            f"compare this run's GPU use, queues and stage times with run {best.run_id}",
         )
     ]
 
