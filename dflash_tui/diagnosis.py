@@ -42,6 +42,7 @@ from dflash_tui.stages import (
     thread_stages,
 )
 from dflash_tui.state import Store, clock_reason_names
+from dflash_tui.throughput_history import OwnDrop, earlier_best, logged_rates, own_drop
 from trainer.contract.environment import INSTALL, Preflight
 from trainer.contract.evaluation import EvalInfo, EvalPoint
 from trainer.contract.heartbeat import (
@@ -110,6 +111,14 @@ class DiagnosisConfig:
     baseline_tok_s: float | None = None  # no baseline, no throughput finding
     slow_pct: float = 10.0  # tok/s more than this % below the baseline
     rate_samples: int = 5  # logged steps whose median tok/s is compared
+    # throughput against history (dflash_tui/throughput_history.py); baseline_tok_s overrides
+    drop_pct: float = 30.0  # each step of the slow stretch this % below the stable median
+    drop_rows: int = 5  # … a stretch of at least this many logged steps (not one checkpoint)
+    drop_skip_rows: int = 3  # the first logged steps (compile, warm-up) are no baseline
+    drop_min_stable: int = 5  # the stable window needs at least this many logged steps
+    # every one of the last rate_samples logged steps this % below the best earlier
+    # comparable run's best step (a best against a best: a CPU run's steps vary 2x)
+    earlier_pct: float = 40.0
     # data: more of each batch than this is padding
     padding_frac: float = 0.5
     # GIL
@@ -2048,6 +2057,78 @@ def eval_skipped(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             f"an eval every {info.every} steps, each still running when the next was due{took}"
             f" ({info.prompts} prompts × {info.new_tokens} new tokens on {info.device or '?'})",
             "raise eval.every, or lower eval.prompts or eval.new_tokens",
+        )
+    ]
+
+
+# -- rules: baselines --
+def _own_drop(s: Store, cfg: DiagnosisConfig) -> OwnDrop | None:
+    return own_drop(s, cfg.drop_skip_rows, cfg.drop_rows, cfg.drop_min_stable, cfg.drop_pct)
+
+
+@rule
+def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """tok/s fell and stayed down against the run's own stable median: every logged step of
+    a stretch of at least drop_rows more than drop_pct below the median of the steps before
+    it (throughput_history.own_drop), since which step said. Off when baseline_tok_s is set."""
+    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+        return []
+    got = _own_drop(s, cfg)
+    if got is None:
+        return []
+    return [
+        Finding(
+            "warning",
+            "throughput_drop",
+            f"tok/s down {got.drop_pct:.0f}% from this run's own baseline",
+            f"{_rate(got.recent_tok_s)} tok/s (median of the last {got.recent_rows} logged"
+            f" steps) vs {_rate(got.stable_tok_s)} (median of the {got.stable_rows} logged"
+            f" steps before); every logged step since step {got.slow_since} more than"
+            f" {cfg.drop_pct:.0f}% below",
+            f"compare GPU use per role, queue depths and stage times with before step"
+            f" {got.slow_since}",
+        )
+    ]
+
+
+@rule
+def below_earlier_runs(
+    s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """tok/s well below the best earlier comparable run (trainer/contract/comparable.py via
+    facts.earlier_runs): every one of the last rate_samples logged steps after the first
+    drop_skip_rows more than earlier_pct below it. The earlier figure is a best step, so
+    this run's fastest recent step is what must fall short: a median against a best would
+    find a gap in noise alone. Off when baseline_tok_s is set; quiet when the run dropped
+    against itself (throughput_drop speaks) or its environment differs (environment_changed
+    speaks)."""
+    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+        return []
+    rows = [v for _, v in logged_rates(s)[cfg.drop_skip_rows :]]
+    if len(rows) < cfg.rate_samples:
+        return []  # still in compile / warm-up steps
+    best = earlier_best(s)
+    if best is None:
+        return []
+    recent = rows[-cfg.rate_samples :]
+    if max(recent) >= best.tok_s * (1.0 - cfg.earlier_pct / 100.0):
+        return []
+    if _own_drop(s, cfg) is not None:
+        return []
+    current = statistics.median(recent)
+    if faster_environment(s, current, 1.0 + cfg.slow_pct / 100.0) is not None:
+        return []
+    deficit = 100.0 * (1.0 - current / best.tok_s)
+    return [
+        Finding(
+            "warning",
+            "below_earlier_runs",
+            f"tok/s {deficit:.0f}% below earlier run {best.run_id}",
+            f"{_rate(current)} tok/s (median of the last {len(recent)} logged steps, the"
+            f" fastest {_rate(max(recent))}) vs {_rate(best.tok_s)}, the best of run"
+            f" {best.run_id} (same shape and layout); every one more than"
+            f" {cfg.earlier_pct:.0f}% below",
+            f"compare this run's GPU use, queues and stage times with run {best.run_id}",
         )
     ]
 

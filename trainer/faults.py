@@ -11,6 +11,8 @@ blocks or slows down; the real process dies):
   slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
                        drafter), or once: load_target (the weight load), data (tokenising),
                        compile (the warm-up compile)
+  slow_from:N:ROLE:SECONDS  from optimizer step N on, each item of ROLE (prefetch, target,
+                       drafter) takes SECONDS longer: a run that slows down mid-way
   sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
   stall_checkpoint:S   every checkpoint save takes S seconds longer
   steal_signals:N      after optimizer step N, SIGUSR1 is taken at the C level behind Python's
@@ -20,7 +22,9 @@ blocks or slows down; the real process dies):
   buffer_log:BYTES     train.log is written as `python train.py > train.log` without -u
                        writes it: in blocks of BYTES, no flush per line (bursts of lines)
 
-N counts the items that role has handled (from 0), or optimizer steps for nan and sigkill.
+N counts the items that role has handled (from 0), or optimizer steps for nan, slow_from and
+sigkill. slow_from's step is the last one the optimizer finished: a drafter's item for step
+N + 1 is the first one slowed; targets and prefetch, ahead by their queues, slow down then too.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ import time
 ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = (
-    "ROLE:N | hang:ROLE[-I]:N | nan:N | slow:STAGE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
-    " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
+    "ROLE:N | hang:ROLE[-I]:N | nan:N | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N"
+    " | stall_checkpoint:SECONDS | steal_signals:N | wedge_main:N | buffer_log:BYTES"
 )
 
 
@@ -65,6 +69,8 @@ class FaultPlan:
         self.raise_at: dict[str, int] = {}
         self.hang_at: dict[str, int] = {}
         self.slow: dict[str, float] = {}
+        self.slow_from: dict[str, tuple[int, float]] = {}  # role -> (from step, seconds)
+        self._steps_done = 0  # the last optimizer step finished (after_step)
         self.nan_from: int | None = None
         self.sigkill_after: int | None = None
         self.checkpoint_stall_s = 0.0
@@ -81,6 +87,8 @@ class FaultPlan:
             self.hang_at[f[1]] = int(_number(spec, f[2], int))
         elif len(f) == 3 and f[0] == "slow" and f[1] in STAGES:
             self.slow[f[1]] = _number(spec, f[2], float)
+        elif len(f) == 4 and f[0] == "slow_from" and f[2] in ROLES:
+            self.slow_from[f[2]] = (int(_number(spec, f[1], int)), _number(spec, f[3], float))
         elif len(f) == 2 and f[0] == "nan":
             self.nan_from = int(_number(spec, f[1], int))
         elif len(f) == 2 and f[0] == "sigkill":
@@ -100,6 +108,8 @@ class FaultPlan:
         """Called by each role's thread (its `index` among them) per item, before its work."""
         if self.slow.get(role):
             time.sleep(self.slow[role])
+        if (late := self.slow_from.get(role)) and self._steps_done >= late[0]:
+            time.sleep(late[1])
         if item in (self.hang_at.get(role), self.hang_at.get(f"{role}-{index}")):
             threading.Event().wait()  # forever: the thread is stuck, the process lives
         if self.raise_at.get(role) == item:
@@ -113,6 +123,7 @@ class FaultPlan:
         return self.nan_from is not None and step >= self.nan_from
 
     def after_step(self, step: int) -> None:
+        self._steps_done = step  # one writer (replica 0's thread); readers see an int
         if self.sigkill_after is not None and step >= self.sigkill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.steal_after is not None and step >= self.steal_after:

@@ -128,6 +128,7 @@ def _lines_late(for_s: float) -> Ready:
 
 
 HISTORY = Run(overrides=["train.max_steps=20"])
+LOG_5 = ["train.log_every=5"]
 # Held-out eval during training, as small as it goes: 8 samples held out, 2 prompts × 8 new
 # tokens every 10 steps, on the demo's target and data (trainer/configs/demo-cpu.toml), so
 # that τ moves.
@@ -265,6 +266,30 @@ SCENARIOS = [
             Run(fault="slow:load_target:3", overrides=["train.max_steps=20"]),
             Run(fault="slow:load_target:90", until=_in_visit(TARGET_WAIT, 70.0)),
         ],
+    ),
+    # A sleep shorter than a step on the shared CPU hides behind the other threads' work
+    # (0.3 s did nothing): the faults below are 3 s a drafter step, and the rows every 5 steps
+    # (log_every is not part of a run's shape) so the runs stay short.
+    Scenario(
+        "throughput_drop",
+        "The demo config trained once for 20 steps; this run's drafter steps take 3 s longer "
+        "from step 50 on (DFLASH_FAULT=slow_from:50:drafter:3), as when something else takes "
+        "the devices mid-run; a metrics row every 5 steps; recorded at step 85.",
+        [HISTORY, Run(fault="slow_from:50:drafter:3", overrides=LOG_5, until=_step(85))],
+    ),
+    Scenario(
+        "below_earlier_runs",
+        "The demo config trained twice for 20 steps; this run's drafter steps take 3 s longer "
+        "from the start (DFLASH_FAULT=slow:drafter:3); a metrics row every 5 steps; recorded "
+        "at step 45.",
+        [HISTORY, HISTORY, Run(fault="slow:drafter:3", overrides=LOG_5, until=_step(45))],
+    ),
+    Scenario(
+        "smaller_batch",
+        "The demo config trained once for 20 steps; this run, healthy, with half the batch "
+        "(train.batch_size=2: another shape, not comparable); a metrics row every 5 steps; "
+        "recorded at step 100.",
+        [HISTORY, Run(overrides=["train.batch_size=2", *LOG_5], until=_step(100))],
     ),
     Scenario(
         "buffered_bursts",

@@ -4,6 +4,7 @@ below its threshold. Loader and edits: test_diagnosis.py."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from monitor_helpers import typed_event
@@ -17,6 +18,7 @@ from test_diagnosis import (
     events,
     hb,
     heartbeat,
+    metrics_records,
     of_type,
     only,
     queues,
@@ -610,3 +612,50 @@ def test_each_visit_is_compared_with_the_same_visit() -> None:
     assert f.title == "starting the target load slower than usual"
     assert f.evidence.startswith("1m10s so far; 0s last time")
     assert run("slow_compile.jsonl", first_visit(60)) == []
+
+
+# -- throughput against history: throughput_drop, below_earlier_runs ----------------------
+DROP = "recorded/throughput_drop.jsonl"  # rows every 5 steps; 3 s more a drafter step from 50
+
+
+def test_throughput_drop_needs_every_step_of_the_stretch_below_the_bar() -> None:
+    # The fastest recent step (587 at step 85) is 44.7% below the stable median (1063).
+    assert codes(run(DROP, config=DiagnosisConfig(drop_pct=44))) == ["throughput_drop"]
+    assert "throughput_drop" not in codes(run(DROP, config=DiagnosisConfig(drop_pct=45)))
+
+    def last_step_as_before(evs: Events) -> None:
+        e, m = metrics_records(evs)[-1]
+        assert m["step"] == 85
+        e["text"] = json.dumps({**m, "tok_s": 1062.0})
+
+    # One step back at the old rate: not sustained (yet) — and not below the earlier run.
+    found = codes(run(DROP, last_step_as_before))
+    assert "throughput_drop" not in found and "below_earlier_runs" not in found
+
+
+def test_a_drop_longer_than_the_fast_part_stays_a_drop() -> None:
+    """Only 4 fast rows after the warm-up (skip 6) and 7 slow: a median over all rows before
+    the recent 2 is a slow one, and the drop would have become the run's normal."""
+    cfg = DiagnosisConfig(drop_skip_rows=6, drop_rows=2, drop_min_stable=3)
+    f = only(run(DROP, config=cfg), "throughput_drop")
+    assert f.evidence == (
+        "576 tok/s (median of the last 2 logged steps) vs 1.1K (median of the 4 logged steps"
+        " before); every logged step since step 55 more than 30% below"
+    )
+
+
+def test_below_earlier_runs_speaks_when_the_run_did_not_drop_against_itself() -> None:
+    """One cause, one finding: with throughput_drop's bar above this drop, the comparison
+    with the earlier run (1.3K at best) speaks instead."""
+    (f,) = run(DROP, config=DiagnosisConfig(drop_pct=45))
+    assert (f.code, f.title) == (
+        "below_earlier_runs",
+        "tok/s 60% below earlier run 20261202-130900-tiny-cpu-06f5",
+    )
+    assert f.evidence.startswith("521 tok/s (median of the last 5 logged steps, the fastest 587)")
+
+
+def test_a_baseline_overrides_both_history_rules() -> None:
+    found = run(DROP, config=DiagnosisConfig(baseline_tok_s=1_000))
+    assert codes(found) == ["slow_throughput"]
+    assert found[0].evidence.startswith("521 tok/s (median of the last 5 logged steps) vs 1.0K")

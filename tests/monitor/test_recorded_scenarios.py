@@ -17,6 +17,7 @@ from dflash_tui import evaluation
 from dflash_tui.diagnosis import DEFAULT_CONFIG, diagnose, possible
 from dflash_tui.facts import phase_expectation
 from dflash_tui.stages import busiest, of_heartbeat
+from dflash_tui.throughput_history import earlier_best
 from trainer.contract.heartbeat import Heartbeat
 from trainer.contract.phases import LOADING_TARGET, TARGET_WAIT, phase_spans
 from trainer.contract.typed import decode
@@ -30,7 +31,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 22
+    assert len(names) == 25
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -379,6 +380,92 @@ def test_slow_compile():
     assert (f.code, f.title) == ("slow_phase", "compiling slower than usual")
     assert f.evidence.startswith("1m09s so far; 1s last time (run ")
     assert f.evidence.endswith("; 1/3 buckets")
+
+
+# -- throughput against history (dflash_tui/throughput_history.py) -------------------------
+THROUGHPUT = ("throughput_drop", "below_earlier_runs")
+
+
+def test_throughput_drop():
+    """slow_from:50:drafter:3: the drafter steps after step 50 take 3 s longer. The run's own
+    steps 20-50 (after the 3 warm-up rows) are the baseline; every row since step 55 is
+    slower. The earlier run's best (1.3K) is beaten too, but one cause is one finding."""
+    (f,) = run(rec("throughput_drop"))
+    assert (f.code, f.severity) == ("throughput_drop", "warning")
+    assert f.title == "tok/s down 51% from this run's own baseline"
+    assert f.evidence == (
+        "521 tok/s (median of the last 5 logged steps) vs 1.1K (median of the 7 logged steps"
+        " before); every logged step since step 55 more than 30% below"
+    )
+    assert f.action.endswith("with before step 55")
+
+
+def test_below_earlier_runs():
+    """slow:drafter:3 from the start: ~500 tok/s all along (no drop against itself), the two
+    earlier runs of the same config logged 1.6K and 1.7K at best: the faster is named."""
+    (f,) = run(rec("below_earlier_runs"))
+    assert (f.code, f.severity) == ("below_earlier_runs", "warning")
+    s = store(events(rec("below_earlier_runs")))
+    first, second, followed = s.runs
+    assert followed.run_id == s.run_id
+    assert first.best_tok_s is not None and second.best_tok_s is not None
+    assert round(first.best_tok_s) == 1553 and round(second.best_tok_s) == 1710
+    assert f.title == f"tok/s 71% below earlier run {second.run_id}"
+    assert f.evidence == (
+        f"503 tok/s (median of the last 5 logged steps, the fastest 530) vs 1.7K, the best of"
+        f" run {second.run_id} (same shape and layout); every one more than 40% below"
+    )
+    assert f.action.endswith(f"stage times with run {second.run_id}")
+
+
+def test_smaller_batch():
+    """A real run with `--set train.batch_size=2` after one of the default 4: another shape,
+    so no earlier run to compare with. Its own tok/s, noisy on 2 shared cores (952 to 2.0K
+    over 22 rows as the load around it changed), is no drop. Its GIL lateness came with
+    pipeline threads under half a core: the host's load, not the GIL (gil_pressure quiet)."""
+    assert codes(run(rec("smaller_batch"))) == []
+    s = store(events(rec("smaller_batch")))
+    earlier, followed = s.runs
+    assert earlier.signature is not None and followed.signature is not None
+    assert "train.batch_size=4" in earlier.signature.shape.split()
+    assert "train.batch_size=2" in followed.signature.shape.split()
+    assert earlier_best(s) is None
+    # The same runs with the earlier one given this run's shape: then it is the one compared.
+    s.runs[0] = replace(earlier, signature=followed.signature)
+    best = earlier_best(s)
+    assert best is not None and (best.run_id, round(best.tok_s)) == (earlier.run_id, 1735)
+
+
+def test_below_earlier_runs_compares_only_runs_of_the_same_shape():
+    """Edit, the only one: the two earlier runs of below_earlier_runs given another batch
+    (train.batch_size=2 in their signatures, as smaller_batch's run has). The same slow run
+    then has nothing to be compared with."""
+
+    def other_batch(evs):
+        (followed,) = {e["run_id"] for e in evs if e["type"] == "follow"}
+        earlier = [r for e in evs if e["type"] == "runs" for r in e["runs"]]
+        earlier = [r for r in earlier if r["run_id"] != followed]
+        assert len(earlier) == 2
+        for r in earlier:
+            r["signature"]["shape"] = r["signature"]["shape"].replace(
+                "train.batch_size=4", "train.batch_size=2"
+            )
+
+    assert "below_earlier_runs" in codes(run(rec("below_earlier_runs")))
+    assert run(rec("below_earlier_runs"), other_batch) == []
+
+
+def test_throughput_is_quiet_on_every_healthy_recording_as_its_rows_arrived():
+    """The healthy recordings, the rows of each as a monitor had them one after another (the
+    CPU ones are noisy: 2 shared cores, tok/s within a run varies 2x): neither rule speaks."""
+    for name in ("healthy", "stage_times", "fingerprinted", "held_out_eval", "smaller_batch"):
+        evs = events(rec(name))
+        rows = [e for e in evs if e["type"] == "line" and e["file"] == "metrics.jsonl"]
+        for n in range(len(rows) + 1):
+            later = {id(e) for e in rows[n:]}
+            cut = [e for e in evs if id(e) not in later]
+            found = codes(diagnose(store(cut), NOW))
+            assert not set(THROUGHPUT) & set(found), (name, n, found)
 
 
 # -- the same scenarios on an H200 (bench/gpu_contract.sh): real NVML samples ----------------

@@ -26,20 +26,30 @@ def test_the_grammar():
 @pytest.mark.parametrize(
     "spec",
     [
-        "gpu:3",
-        "target:x",
-        "slow:target:-1",
-        "slow:target:inf",
-        "hang:main:1",
-        "nan",
-        "buffer_log:x",
-        "hang:drafter-x:1",
-        "hang:gpu-1:1",
+        "gpu:3", "target:x", "slow:target:-1", "slow:target:inf", "hang:main:1", "nan",
+        "buffer_log:x", "hang:drafter-x:1", "hang:gpu-1:1",
+        "slow_from:5:main:1", "slow_from:x:drafter:1", "slow_from:5:drafter:-1",
+        "slow_from:5:drafter", "slow_from:2.5:drafter:1", "slow_from:5:load_target:1",
     ],
-)
+)  # fmt: skip
 def test_a_bad_spec_names_itself(spec):
     with pytest.raises(ValueError, match="DFLASH_FAULT="):
         FaultPlan(spec)
+
+
+def test_slow_from_slows_a_role_once_the_optimizer_passed_its_step():
+    plan = FaultPlan("slow_from:3:drafter:0.3")
+    assert plan.slow_from == {"drafter": (3, 0.3)} and plan.slow == {}
+
+    def took(role: str) -> float:
+        t0 = time.monotonic()
+        plan.check(role, 0)
+        return time.monotonic() - t0
+
+    plan.after_step(2)
+    assert took("drafter") < 0.1  # steps 1 and 2: as fast as before
+    plan.after_step(3)
+    assert took("drafter") >= 0.3 and took("target") < 0.1  # only the role named
 
 
 def test_a_bad_spec_is_bad_input_for_the_trainer(start_trainer):
