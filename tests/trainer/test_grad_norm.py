@@ -7,11 +7,16 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from trainer.contract.records import MetricsRow, parse_metrics_line
 
 
-def test_metrics_rows_carry_a_finite_grad_norm(start_trainer):
-    p = start_trainer("--max-steps", "6", "--set", "train.log_every=2")
+@pytest.mark.parametrize("grad_clip", ["1.0", "0"])  # clipped (its norm kept) or not (measured)
+def test_metrics_rows_carry_a_finite_grad_norm(start_trainer, grad_clip):
+    p = start_trainer(
+        "--max-steps", "6", "--set", "train.log_every=2", "--set", f"train.grad_clip={grad_clip}"
+    )  # fmt: skip
     assert p.wait(timeout=240) == 0, p.stdout_path.read_text()[-2000:]
     lines = p.read("metrics.jsonl").splitlines()
     assert len(lines) == 3
