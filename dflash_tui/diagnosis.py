@@ -81,7 +81,7 @@ from trainer.contract.protocol import (
     CLOCK_SYNC_BOOST,
     HostSample,
 )
-from trainer.contract.records import ExitRecord, OomCheck
+from trainer.contract.records import ExitRecord, MetricsRow, OomCheck
 from trainer.contract.typed import encode, finite
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -172,6 +172,19 @@ class DiagnosisConfig:
     throttle_min_samples: int = 3  # fewer samples with reasons say nothing
     clock_gap_frac: float = 0.1  # median SM clock this far below its role peers': slower
     ecc_rise_min: int = 1  # uncorrected ECC errors that appeared during the run: critical
+    # training health, from metrics.jsonl rows (loss, acc, streak, grad_norm)
+    health_warmup_steps: int = 100  # rows up to this step say nothing (the trainer's default
+    # LR warm-up, train.warmup_steps: the loss falls fast, acc is ~0, grad norms are large)
+    diverge_factor: float = 1.5  # the median loss of the last rows above this × the best …
+    diverge_rows: int = 3  # … over this many rows (one bad batch is one row), with at least
+    # as many rows past warm-up before them
+    not_learning_acc: float = 0.01  # acc below this in every row past warm-up …
+    not_learning_steps: int = 50  # … over this many steps …
+    not_learning_loss_frac: float = 0.05  # … while the loss fell by less than this share
+    grad_spike_factor: float = 10.0  # a row's grad norm above this × the median before it …
+    grad_spike_count: int = 2  # … in this many …
+    grad_spike_rows: int = 10  # … of the last this many rows (one spike is a blip)
+    grad_spike_baseline_rows: int = 3  # the median needs this many rows past warm-up
 
 
 DEFAULT_CONFIG = DiagnosisConfig()
@@ -818,6 +831,137 @@ def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             ("kill it (k): every step from here trains on NaN weights; " if alive else "")
             + f"resume from a checkpoint {before} with a lower lr or grad_clip, and look at "
             "the batches after it",
+        )
+    ]
+
+
+def _past_warmup(s: Store, cfg: DiagnosisConfig) -> list[MetricsRow]:
+    """The store's metrics rows after the warm-up, oldest first."""
+    return [m for m in s.metrics if m.step > cfg.health_warmup_steps]
+
+
+def _loss(x: float) -> str:
+    return f"{x:.4f}" if abs(x) < 100 else f"{x:.4g}"
+
+
+@rule
+def loss_diverging(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The loss climbed well above its own best and stays there: the median of the last
+    `diverge_rows` rows is more than `diverge_factor` times the lowest loss of the rows
+    before them, all past warm-up (an lr too high for this point, a bad data shard). A NaN
+    loss is loss_not_finite's; a single bad batch moves one row, not the median."""
+    rows = _past_warmup(s, cfg)
+    if not rows or finite(rows[-1].loss) is None:
+        return []
+    rows = [m for m in rows if finite(m.loss) is not None]
+    k = max(1, cfg.diverge_rows)
+    recent, before = rows[-k:], rows[:-k]
+    if len(recent) < k or len(before) < k:
+        return []
+    best = min(before, key=lambda m: m.loss)
+    median = statistics.median(m.loss for m in recent)
+    if best.loss <= 0 or median <= cfg.diverge_factor * best.loss:
+        return []
+    since = next(m for m in rows if m.step > best.step and m.loss > cfg.diverge_factor * best.loss)
+    return [
+        Finding(
+            "warning",
+            "loss_diverging",
+            f"loss diverging: {median / best.loss:.1f}× its best since step {since.step}",
+            f"median loss {_loss(median)} over steps {recent[0].step}–{recent[-1].step} "
+            f"({len(recent)} logged), {median / best.loss:.2f}× the best {_loss(best.loss)} at "
+            f"step {best.step}; first above {cfg.diverge_factor:g}× at step {since.step} "
+            f"({_loss(since.loss)}, lr {since.lr:.3g})",
+            f"restart from a checkpoint at or before step {best.step} with a lower train.lr "
+            "(or a smaller train.grad_clip)",
+        )
+    ]
+
+
+@rule
+def not_learning(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """Accuracy flat at ~0 (every row below `not_learning_acc`, streak ~1: only the anchor)
+    for `not_learning_steps` past warm-up while the loss does not fall either: no progress,
+    so every further step is wasted (critical). A loss still falling is learning, however
+    slowly: said nothing. A NaN loss is loss_not_finite's."""
+    rows = _past_warmup(s, cfg)
+    flat: list[MetricsRow] = []
+    for m in reversed(rows):  # the newest rows all below the bar
+        if finite(m.acc) is None or m.acc >= cfg.not_learning_acc or finite(m.loss) is None:
+            break
+        flat.append(m)
+    flat.reverse()
+    if len(flat) < 2 or flat[-1].step - flat[0].step < cfg.not_learning_steps:
+        return []
+    first, last = flat[0], flat[-1]
+    if first.loss > 0 and last.loss < first.loss * (1 - cfg.not_learning_loss_frac):
+        return []
+    change = (last.loss - first.loss) / first.loss * 100 if first.loss > 0 else 0.0
+    lrs = sorted({m.lr for m in flat})
+    lr = f"lr {lrs[0]:.3g}" if len(lrs) == 1 else f"lr {lrs[0]:.3g}–{lrs[-1]:.3g}"
+    return [
+        Finding(
+            "critical",
+            "not_learning",
+            f"not learning: acc ~0 for {last.step - first.step} steps",
+            f"acc <= {max(m.acc for m in flat):.3f} and streak <= "
+            f"{max(m.streak for m in flat):.2f} in every logged step from {first.step} to "
+            f"{last.step} ({len(flat)} rows); loss {_loss(first.loss)} → {_loss(last.loss)} "
+            f"({change:+.1f} %); {lr}",
+            ("kill it (k): " if not s.ended() else "")
+            + "check train.lr and the data's loss mask (answer tokens kept) before relaunching",
+        )
+    ]
+
+
+def _grad_spikes(rows: list[MetricsRow], cfg: DiagnosisConfig) -> list[tuple[MetricsRow, float]]:
+    """Each row whose grad norm is above `grad_spike_factor` × the median of the rows before
+    it that were not spikes themselves (repeated spikes must not raise their own bar), with
+    that median."""
+    normal: list[float] = []
+    spikes: list[tuple[MetricsRow, float]] = []
+    for m in rows:
+        norm = finite(m.grad_norm)
+        if norm is None:
+            continue
+        if len(normal) >= cfg.grad_spike_baseline_rows:
+            median = statistics.median(normal)
+            if median > 0 and norm > cfg.grad_spike_factor * median:
+                spikes.append((m, median))
+                continue
+        normal.append(norm)
+    return spikes
+
+
+@rule
+def grad_norm_spike(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The gradient norm before clipping (metrics rows' grad_norm: a row's largest) many
+    times its own running median, in `grad_spike_count` of the last `grad_spike_rows` rows
+    past warm-up: batches the model cannot fit, or an lr on the edge. One spike is a blip."""
+    rows = [m for m in _past_warmup(s, cfg) if m.grad_norm is not None]
+    last = rows[-max(1, cfg.grad_spike_rows) :]
+    spikes = [(m, med) for m, med in _grad_spikes(rows, cfg) if last and m.step >= last[0].step]
+    if len(spikes) < max(1, cfg.grad_spike_count):
+        return []
+    newest, median = spikes[-1]
+    assert newest.grad_norm is not None
+    # A row's norm is the largest of the steps since the row before: say those steps.
+    previous = {b.step: a.step for a, b in zip(s.metrics, list(s.metrics)[1:], strict=False)}
+
+    def steps_of(m: MetricsRow) -> str:
+        first = previous.get(m.step, m.step - 1) + 1
+        return f"{first}–{m.step}" if first < m.step else str(m.step)
+
+    steps = ", ".join(steps_of(m) for m, _ in spikes)
+    return [
+        Finding(
+            "warning",
+            "grad_norm_spike",
+            f"gradient norm spikes in {len(spikes)} of the last {len(last)} logged rows",
+            f"grad norm {newest.grad_norm:.4g} in steps {steps_of(newest)}, "
+            f"{newest.grad_norm / median:.0f}× the running median {median:.4g}; above "
+            f"{cfg.grad_spike_factor:g}× it in steps {steps}",
+            "look at the batches of those steps for a malformed or very long sample",
         )
     ]
 

@@ -8,6 +8,13 @@ blocks or slows down; the real process dies):
                        heartbeat stays fresh, the steps stop); hang:ROLE-I:N only its
                        thread I (hang:drafter-1:30: one replica, the others wait for it)
   nan:N                the drafter loss is NaN from optimizer step N on
+  diverge:N:FACTOR     from optimizer step N the optimizer's learning rate is FACTOR times
+                       the schedule's (the lr logged is the one applied): the loss climbs
+  zero_lr              the optimizer's learning rate is 0 from the first step: nothing is
+                       learned, the weights stay at their init
+  grad_spike:N:EVERY:FACTOR  the drafter loss is scaled by FACTOR before its backward at
+                       optimizer steps N, N+EVERY, …: the gradient norm at those steps is
+                       FACTOR times larger (clipping, where on, still bounds the update)
   slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
                        drafter), or once: load_target (the weight load), data (tokenising),
                        compile (the warm-up compile)
@@ -22,9 +29,10 @@ blocks or slows down; the real process dies):
   buffer_log:BYTES     train.log is written as `python train.py > train.log` without -u
                        writes it: in blocks of BYTES, no flush per line (bursts of lines)
 
-N counts the items that role has handled (from 0), or optimizer steps for nan, slow_from and
-sigkill. slow_from's step is the last one the optimizer finished: a drafter's item for step
-N + 1 is the first one slowed; targets and prefetch, ahead by their queues, slow down then too.
+N counts the items that role has handled (from 0), or optimizer steps for nan, diverge,
+grad_spike, slow_from and sigkill. slow_from's step is the last one the optimizer finished: a
+drafter's item for step N + 1 is the first one slowed; targets and prefetch, ahead by their
+queues, slow down then too.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ import time
 ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = (
-    "ROLE:N | hang:ROLE[-I]:N | nan:N | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N"
-    " | stall_checkpoint:SECONDS | steal_signals:N | wedge_main:N | buffer_log:BYTES"
+    "ROLE:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr | grad_spike:N:EVERY:FACTOR"
+    " | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
+    " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
 )
 
 
@@ -72,6 +81,9 @@ class FaultPlan:
         self.slow_from: dict[str, tuple[int, float]] = {}  # role -> (from step, seconds)
         self._steps_done = 0  # the last optimizer step finished (after_step)
         self.nan_from: int | None = None
+        self.diverge: tuple[int, float] | None = None  # (from step, lr factor)
+        self.zero_lr = False
+        self.spike: tuple[int, int, float] | None = None  # (first step, every, loss factor)
         self.sigkill_after: int | None = None
         self.checkpoint_stall_s = 0.0
         self.steal_after: int | None = None
@@ -91,6 +103,15 @@ class FaultPlan:
             self.slow_from[f[2]] = (int(_number(spec, f[1], int)), _number(spec, f[3], float))
         elif len(f) == 2 and f[0] == "nan":
             self.nan_from = int(_number(spec, f[1], int))
+        elif len(f) == 3 and f[0] == "diverge":
+            self.diverge = (int(_number(spec, f[1], int)), _number(spec, f[2], float))
+        elif f == ["zero_lr"]:
+            self.zero_lr = True
+        elif len(f) == 4 and f[0] == "grad_spike":
+            every = int(_number(spec, f[2], int))
+            if every < 1:
+                raise ValueError(f"DFLASH_FAULT={spec!r}: grad_spike's EVERY must be >= 1")
+            self.spike = (int(_number(spec, f[1], int)), every, _number(spec, f[3], float))
         elif len(f) == 2 and f[0] == "sigkill":
             self.sigkill_after = int(_number(spec, f[1], int))
         elif len(f) == 2 and f[0] == "wedge_main":
@@ -121,6 +142,22 @@ class FaultPlan:
     def poison_loss(self, step: int) -> bool:
         """Whether the drafter loss of optimizer step `step` is to be NaN."""
         return self.nan_from is not None and step >= self.nan_from
+
+    def lr_factor(self, step: int) -> float:
+        """What the optimizer's learning rate at optimizer step `step` is multiplied by."""
+        if self.zero_lr:
+            return 0.0
+        if self.diverge is not None and step >= self.diverge[0]:
+            return self.diverge[1]
+        return 1.0
+
+    def loss_scale(self, step: int) -> float:
+        """What the drafter loss of optimizer step `step` is multiplied by before its backward
+        (DFLASH_FAULT=grad_spike): the gradients, and so their norm, scale with it."""
+        if self.spike is None:
+            return 1.0
+        first, every, factor = self.spike
+        return factor if step >= first and (step - first) % every == 0 else 1.0
 
     def after_step(self, step: int) -> None:
         self._steps_done = step  # one writer (replica 0's thread); readers see an int

@@ -133,6 +133,7 @@ class Pipeline:
         self._window = _Window(self)
         self._last_loss: float | None = None
         self._last_acc: float | None = None
+        self._lr = 0.0  # the lr the last optimizer step applied (faults included)
         self.threads: list[threading.Thread] = []
         self.drafter_threads: list[threading.Thread] = []
 
@@ -296,7 +297,10 @@ class Pipeline:
                 out.loss = out.loss * float("nan")
             self.state.thread_state("backward")
             with clock.work(STAGE_BACKWARD):
-                out.loss.backward()
+                # DFLASH_FAULT=grad_spike: the gradients of this step scaled, the logged
+                # loss not (it is the loss trained on; only the backward sees the factor).
+                scale = self.faults.loss_scale(s)
+                (out.loss * scale if scale != 1.0 else out.loss).backward()
             self.outs[r] = out
             self.out_tokens[r] = item.blocks.tokens
             self.out_slots[r] = item.blocks.batch.input_ids.numel()
@@ -318,9 +322,18 @@ class Pipeline:
         replicas = run.replicas
         with clock.work(STAGE_OPTIMIZER):
             replicas.average_grads()
+            # The total norm before clipping, a 0-d tensor on the device: kept, not read
+            # (no sync); the window reads it with the loss when a row is due.
+            params = replicas.primary.parameters()
+            grad_norm: Tensor | None
             if cfg.train.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(replicas.primary.parameters(), cfg.train.grad_clip)
-            set_lr(run.optimizer, lr_at(s, run.total_steps, cfg.train))
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+            else:
+                grads = [q.grad for q in params if q.grad is not None]
+                grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+            # DFLASH_FAULT=diverge / zero_lr act here, on the lr the optimizer really uses.
+            self._lr = lr_at(s, run.total_steps, cfg.train) * self.faults.lr_factor(s)
+            set_lr(run.optimizer, self._lr)
             run.optimizer.step()
             replicas.broadcast_params()
             replicas.zero_grads()
@@ -333,7 +346,7 @@ class Pipeline:
         self.state.record_step(p.step, p.tokens, epoch, self._slots)
         if p.step == self.s0 + 1:
             self.state.set_phase(TRAINING)
-        self._window.add([o for o in self.outs if o is not None], tokens, slots)
+        self._window.add([o for o in self.outs if o is not None], tokens, slots, grad_norm)
         self.outs = [None] * self.D
         last = p.step >= run.total_steps
         if p.step % cfg.train.log_every == 0 or last:
@@ -453,9 +466,19 @@ class _Window:
             self.target_batches0 = pipe._target_batches
         self.loss: Tensor | None = None
         self.stats: Tensor | None = None
+        # The largest pre-clip gradient norm of the window's steps: a spike in one step of
+        # log_every is what a median or the last value would hide, and the rule compares a
+        # row's with the median of earlier rows' (dflash_tui/diagnosis.py grad_norm_spike).
+        # A running torch.maximum on the device (NaN propagates: a NaN step shows).
+        self.grad_norm: Tensor | None = None
 
-    def add(self, outs: list[LossOutput], tokens: int, slots: int) -> None:
+    def add(
+        self, outs: list[LossOutput], tokens: int, slots: int, grad_norm: Tensor | None
+    ) -> None:
         self.steps += 1
+        if grad_norm is not None:
+            g = grad_norm.detach().float()
+            self.grad_norm = g if self.grad_norm is None else torch.maximum(self.grad_norm, g)
         self.tokens += tokens
         self.slots += slots
         dev = self.pipe.run.drafter_devices[0]
@@ -487,7 +510,7 @@ class _Window:
             loss=mean["loss"],
             acc=mean["acc"],
             streak=mean["streak"],
-            lr=lr_at(p.step - 1, run.total_steps, run.cfg.train),
+            lr=pipe._lr,
             noise=noise_at(p.step - 1, run.total_steps, run.cfg.train),
             tgt_bps=tgt / dt,
             dft_bps=self.steps * pipe.D / dt,
@@ -502,4 +525,6 @@ class _Window:
             memory=device_memory(run.devices),
             stages_ms=pipe.state.stages_by_thread(),
             eval=pipe.evaluator.take_result() if pipe.evaluator is not None else None,
+            # Read here, after the loss and stats above synced the device: no extra wait.
+            grad_norm=float(self.grad_norm) if self.grad_norm is not None else None,
         )

@@ -236,6 +236,33 @@ SCENARIOS = [
         [Run(fault="nan:40", until=_step(70))],
     ),
     Scenario(
+        "healthy_training",
+        "The demo config training normally past the training-health rules' warm-up (step "
+        "100), from a trainer that logs each row's gradient norm (grad_norm); recorded at "
+        "step 250.",
+        [Run(until=_step(250))],
+    ),
+    Scenario(
+        "loss_diverging",
+        "From step 130 the optimizer's learning rate is 1000× the schedule's "
+        "(DFLASH_FAULT=diverge:130:1000): the loss jumps and settles far above its best; "
+        "recorded at step 200.",
+        [Run(fault="diverge:130:1000", until=_step(200))],
+    ),
+    Scenario(
+        "not_learning",
+        "The optimizer's learning rate is 0 from the first step (DFLASH_FAULT=zero_lr): "
+        "the drafter keeps its init, loss and accuracy stay flat; recorded at step 170.",
+        [Run(fault="zero_lr", until=_step(170))],
+    ),
+    Scenario(
+        "grad_norm_spike",
+        "The loss is scaled by 100 before its backward at steps 130, 160, 190 "
+        "(DFLASH_FAULT=grad_spike:130:30:100): the gradient norm of those steps is 100× "
+        "larger, clipping bounds the update; recorded at step 210.",
+        [Run(fault="grad_spike:130:30:100", until=_step(210))],
+    ),
+    Scenario(
         "stalled_checkpoint",
         "The checkpoint at step 20 takes 150 s longer (DFLASH_FAULT=stall_checkpoint:150, "
         "checkpoint_every=20), as on a full or hung disk; recorded 125 s into it.",

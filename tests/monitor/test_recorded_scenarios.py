@@ -31,7 +31,7 @@ def rec(name: str) -> str:
 
 def test_every_recorded_scenario_has_a_test_and_says_how_it_was_made():
     names = sorted(p.stem for p in RECORDED.glob("*.jsonl"))
-    assert len(names) == 25
+    assert len(names) == 29
     for name in names:
         head = [ln for ln in (RECORDED / f"{name}.jsonl").read_text().splitlines()[:4]]
         assert head[0].startswith(f"# {name}: ") and "scripts/record-scenarios" in head[1]
@@ -309,6 +309,67 @@ def test_nan_loss():
         "loss nan at step 100, non-finite in 6 logged steps; last finite 4.7559 at step 40"
     )
     assert f.action.startswith("kill it (k)") and "at or before step 40" in f.action
+
+
+HEALTH = ("loss_diverging", "not_learning", "grad_norm_spike")
+
+
+def test_healthy_training():
+    """A normal run past the training-health rules' warm-up, every row with its grad norm:
+    none of them speaks, and nothing else does either (recorded on 2 shared cores at load
+    ~20: its GIL probe woke late, with pipeline threads under half a core: gil_pressure quiet)."""
+    found = run(rec("healthy_training"))
+    assert codes(found) == []
+    rows = store(events(rec("healthy_training"))).metrics
+    assert (
+        rows[-1].step == 250
+        and sum(m.step > DEFAULT_CONFIG.health_warmup_steps for m in rows) == 15
+    )
+    assert all(m.grad_norm is not None and 0 < m.grad_norm < 50 for m in rows)
+
+
+def test_loss_diverging():
+    """lr × 1000 from step 130 (the optimizer's, as logged): the loss jumps to 9.1 and settles
+    near 6, about twice its best."""
+    found = run(rec("loss_diverging"))
+    assert [c for c in codes(found) if c != "gil_pressure"] == ["loss_diverging"]
+    f = found[0]
+    assert (f.code, f.severity) == ("loss_diverging", "warning")
+    assert f.title == "loss diverging: 1.9× its best since step 140"
+    assert f.evidence == (
+        "median loss 5.9964 over steps 180–200 (3 logged), 1.93× the best 3.1145 at step 110; "
+        "first above 1.5× at step 140 (9.1436, lr 2.98)"
+    )
+    assert "at or before step 110" in f.action
+
+
+def test_not_learning():
+    """lr 0 from the first step (the optimizer's, as logged): the drafter keeps its init."""
+    found = run(rec("not_learning"))
+    assert [c for c in codes(found) if c != "gil_pressure"] == ["not_learning"]
+    f = found[0]
+    assert (f.code, f.severity) == ("not_learning", "critical")
+    assert f.title == "not learning: acc ~0 for 60 steps"
+    assert f.evidence == (
+        "acc <= 0.000 and streak <= 1.00 in every logged step from 110 to 170 (7 rows); "
+        "loss 20.4483 → 20.4628 (+0.1 %); lr 0"
+    )
+    assert f.action.startswith("kill it (k)") and "train.lr" in f.action
+
+
+def test_grad_norm_spike():
+    """The loss scaled by 100 before the backward at steps 131, 161, 191 (1-based): those
+    rows' norms are ~70-95× the others'; the loss itself trains on (grad_clip bounds the
+    update)."""
+    found = run(rec("grad_norm_spike"))
+    assert [c for c in codes(found) if c != "gil_pressure"] == ["grad_norm_spike"]
+    f = found[0]
+    assert (f.code, f.severity) == ("grad_norm_spike", "warning")
+    assert f.title == "gradient norm spikes in 3 of the last 10 logged rows"
+    assert f.evidence == (
+        "grad norm 135.8 in steps 191–200, 94× the running median 1.438; above 10× it in "
+        "steps 131–140, 161–170, 191–200"
+    )
 
 
 def test_stalled_checkpoint():

@@ -7,7 +7,10 @@ import time
 
 import pytest
 
+from tests.conftest import TINY_CONFIG
+from trainer.config import load_config
 from trainer.faults import FaultPlan
+from trainer.optim import lr_at
 
 
 def test_the_grammar():
@@ -50,6 +53,39 @@ def test_slow_from_slows_a_role_once_the_optimizer_passed_its_step():
     assert took("drafter") < 0.1  # steps 1 and 2: as fast as before
     plan.after_step(3)
     assert took("drafter") >= 0.3 and took("target") < 0.1  # only the role named
+
+
+def test_the_training_health_faults():
+    plan = FaultPlan("diverge:30:1000,grad_spike:10:5:100")
+    assert [plan.lr_factor(s) for s in (0, 29, 30, 500)] == [1.0, 1.0, 1000.0, 1000.0]
+    assert [plan.loss_scale(s) for s in (9, 10, 11, 14, 15, 20)] == [1, 100, 1, 1, 100, 100]
+    zero = FaultPlan("zero_lr")
+    assert zero.lr_factor(0) == zero.lr_factor(99) == 0.0 and zero.loss_scale(3) == 1.0
+    assert FaultPlan("").lr_factor(7) == 1.0 and FaultPlan("").loss_scale(7) == 1.0
+
+
+@pytest.mark.parametrize("spec", ["diverge:3", "grad_spike:3:0:10", "zero_lr:4", "diverge:x:2"])
+def test_a_bad_training_health_spec_names_itself(spec):
+    with pytest.raises(ValueError, match="DFLASH_FAULT="):
+        FaultPlan(spec)
+
+
+def test_diverge_and_grad_spike_on_a_real_run(start_trainer):
+    """The faults act on the real optimizer path: the lr the optimizer applied is the one
+    logged (10× from step 6), and a loss scaled before its backward at step 2 gives that
+    row a gradient norm ~1000× the others' (pre-clip: grad_clip stays on)."""
+    p = start_trainer(
+        "--max-steps", "8", "--set", "train.log_every=2",
+        env={"DFLASH_FAULT": "grad_spike:2:100:1000,diverge:6:10"},
+    )  # fmt: skip
+    assert p.wait(timeout=240) == 0, p.stdout_path.read_text()[-2000:]
+    rows = {m["step"]: m for m in p.metrics()}
+    cfg = load_config(TINY_CONFIG).train
+    # A row's lr is its last optimizer step's (optimizer step s ends at step s + 1).
+    assert rows[6]["lr"] == pytest.approx(lr_at(5, 8, cfg))
+    assert rows[8]["lr"] == pytest.approx(10 * lr_at(7, 8, cfg))
+    others = [rows[s]["grad_norm"] for s in (2, 6, 8)]
+    assert rows[4]["grad_norm"] > 100 * max(others)  # step 2 (0-based) is in row 4
 
 
 def test_a_bad_spec_is_bad_input_for_the_trainer(start_trainer):

@@ -128,6 +128,14 @@ class MetricsRow:
     stages_ms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # The held-out eval that finished since the row before (trainer/contract/evaluation.py).
     eval: EvalResult | None = None
+    # The largest total gradient norm before clipping of the optimizer steps since the row
+    # before; None: an older trainer. NaN/inf are kept (a poisoned step's norm is NaN: the
+    # rules skip what is not finite); a negative one, which no norm is, is dropped to None.
+    grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.grad_norm is not None and self.grad_norm < 0:
+            self.grad_norm = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = encode(self)
