@@ -43,7 +43,7 @@ def main() -> None:
         "vol": n.NVML_VOLATILE_ECC,
     }
     h = n.nvmlDeviceGetHandleByIndex(0)
-    calls = {}
+    calls: dict[str, float | str] = {}
     for name, names in HEALTH_CALLS:
         fn = getattr(n, name)
         try:
