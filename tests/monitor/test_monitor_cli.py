@@ -82,7 +82,8 @@ def test_status_of_the_live_runs_own_dir_is_the_live_status(running):
     assert j.returncode == 0, j.stdout + j.stderr
     snap = json.loads(j.stdout.splitlines()[0])
     assert snap["state"]["run_id"] == run_dir.name and snap["state"]["phase"] == "training"
-    assert snap["findings"] == []
+    # this 2-core host, under the test suite, is oversubscribed: said at info, nothing else
+    assert {f["code"] for f in snap["findings"]} <= {"host_oversubscribed"}
 
 
 def headless_until(where, extra, enough, tmp_path, sig, timeout=60):
