@@ -75,25 +75,34 @@ def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFac
     if not answers.is_file():
         runs = Path(tempfile.mkdtemp(prefix="chat-build-", dir=base))
         demo = ROOT / "trainer" / "configs" / "demo-cpu.toml"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer", "--config", str(demo), "--run-root", str(runs),
-             "--max-steps", "1", "--set", "eval.final=false", "--set", "eval.every=0",
-             "--set", "runtime.wandb_mode=disabled"],
-            cwd=ROOT, env={**os.environ, "DFLASH_CACHE_DIR": str(shared)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        while proc.poll() is None:
-            for beat in runs.glob("*/heartbeat.json"):
-                hb = read_heartbeat(beat)
-                p = hb.phase_progress if isinstance(hb, Heartbeat) else None
-                if (
-                    p is not None
-                    and p.total
-                    and (not seen or seen[-1] != (p.unit, p.done, p.total))
-                ):
-                    seen.append((p.unit, p.done, p.total))
-            time.sleep(0.2)
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        # stderr to a file, not a pipe read at the end: a pipe full of the build's output
+        # would block the trainer
+        err_path = runs / "stderr.txt"
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", "--config", str(demo), "--run-root", str(runs),
+                 "--max-steps", "1", "--set", "eval.final=false", "--set", "eval.every=0",
+                 "--set", "runtime.wandb_mode=disabled"],
+                cwd=ROOT, env={**os.environ, "DFLASH_CACHE_DIR": str(shared)},
+                stdout=subprocess.DEVNULL, stderr=err, text=True,
+            )  # fmt: skip
+        try:
+            while proc.poll() is None:
+                for beat in runs.glob("*/heartbeat.json"):
+                    hb = read_heartbeat(beat)
+                    p = hb.phase_progress if isinstance(hb, Heartbeat) else None
+                    if (
+                        p is not None
+                        and p.total
+                        and (not seen or seen[-1] != (p.unit, p.done, p.total))
+                    ):
+                        seen.append((p.unit, p.done, p.total))
+                time.sleep(0.2)
+        finally:  # a test timed out (or was interrupted) mid-build: no orphan build left
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err_path.read_text()[-4000:]
     target = BUILTIN_TARGETS["tiny-qwen3-chat"][0]
     if not (dflash_cache_dir / target).exists():
         shutil.copytree(shared / target, dflash_cache_dir / target)

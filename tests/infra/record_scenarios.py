@@ -397,7 +397,12 @@ async def drive(target: Any, run: Run, name: str, config: Path) -> bool:
                 raise
             return False
         ready = run.until or _ended(launched.run_id)
-        await driver.until(ready, run.wait_s, f"{name}: run {launched.run_id}")
+        try:
+            await driver.until(ready, run.wait_s, f"{name}: run {launched.run_id}")
+        except TimeoutError:  # never ready: stop the run, not leave it training for ever
+            if driver.store.alive_run:
+                await control.kill(driver.link, timeout_s=10, drain_timeout_s=1)
+            raise
         return True
     finally:
         await driver.link.close()
