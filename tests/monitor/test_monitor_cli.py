@@ -139,9 +139,11 @@ def test_json_lines_carry_events(running, tmp_path):
                 continue
         return {o["event"]["type"] for o in objs if o["kind"] == "event"}, {o["kind"] for o in objs}
 
-    _, out, _ = headless_until(
-        where, ["--json"], lambda t: wanted <= types(t)[0], tmp_path, signal.SIGTERM
-    )
+    def enough(t):  # the events, and a snapshot (the first comes one interval in)
+        events, kinds = types(t)
+        return wanted <= events and "snapshot" in kinds
+
+    _, out, _ = headless_until(where, ["--json"], enough, tmp_path, signal.SIGTERM)
     events, kinds = types(out)
     assert kinds == {"event", "snapshot"}
     assert wanted <= events
