@@ -162,9 +162,8 @@ class CachedTarget:
         cache = copy.deepcopy(self.cache) if self.copy_to_roll_back else self.cache
         out, self._verified = self._forward(block, cache)
         self._block = block
-        return out.logits[0].argmax(-1).tolist(), layer_features(out.hidden_states, self.layer_ids)[
-            0
-        ]
+        feats = layer_features(out.hidden_states, self.layer_ids)[0]
+        return out.logits[0].argmax(-1).tolist(), feats
 
     @torch.no_grad()
     def accept(self, n: int) -> None:
