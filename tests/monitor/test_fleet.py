@@ -128,6 +128,31 @@ def test_the_worst_reachable_target_sets_the_status(tmp_path):
     assert r.returncode == 0 and "box-a" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_cause_quoting_hostile_text_reaches_the_terminal_made_visible(tmp_path, monkeypatch):
+    """The link's cause quotes what the config and the host said (here the interpreter that
+    could not start, named with an escape sequence and a bidi override): visible, not obeyed,
+    in the lines and in the fleet screen's cells; exact in --json."""
+    hostile = str(tmp_path / "no-python\x1b[2J\u202e")
+    home = write_config(tmp_path / "config", {"odd": {"target": "local", "python": hostile}})
+    r, _ = fleet_cli(home, "--once")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "\x1b" not in r.stdout and "\u202e" not in r.stdout, r.stdout
+    assert "no-python\\x1b[2J\\u202e" in r.stdout and "unreachable: could not start" in r.stdout
+    r, _ = fleet_cli(home, "--once", "--json")
+    assert json.loads(r.stdout)["connection"].count(hostile) == 1
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+
+    async def go() -> None:
+        app = FleetApp(Fleet(configured_targets()), theme_name="dark")
+        async with app.run_test(size=(180, 40)) as pilot:
+            await until(pilot, lambda: "no-python" in table_rows(app)["odd"][2], what="cause")
+            cell = table_rows(app)["odd"][2]
+            assert "\x1b" not in cell and "\u202e" not in cell and "\\x1b" in cell, cell
+
+    asyncio.run(go())
+
+
 def test_without_once_a_block_of_lines_comes_each_interval_until_ctrl_c(tmp_path):
     home = write_config(tmp_path / "config", {"box-a": run_root(tmp_path / "a", FINISHED)})
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "XDG_CONFIG_HOME": str(home)}
