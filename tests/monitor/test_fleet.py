@@ -1,8 +1,9 @@
 """`dflash-tui fleet`: every configured target at once, over the real thing each time: a
 config.toml in XDG_CONFIG_HOME with two local run roots holding run dirs the previous main's
 trainer and agent really wrote (tests/fixtures/rundirs/main-c119aa7: one finished, one
-crashed), read by real local agents, and an ssh:// target on a closed port of 127.0.0.1
-(a bound socket that does not listen: the kernel refuses every connect to it)."""
+crashed), read by real local agents (and one over a real sshd, tests/infra/sshd.py), and an
+ssh:// target on a closed port of 127.0.0.1 (a bound socket that does not listen: the kernel
+refuses every connect to it)."""
 
 from __future__ import annotations
 
@@ -126,6 +127,29 @@ def test_the_worst_reachable_target_sets_the_status(tmp_path):
     home = write_config(tmp_path / "config-ok", {"box-a": run_root(tmp_path / "a2", FINISHED)})
     r, _ = fleet_cli(home, "--once")
     assert r.returncode == 0 and "box-a" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_ssh_target_is_a_row_like_the_others(sshd, tmp_path):
+    """A target over a real sshd on 127.0.0.1 beside a local one: one asyncssh connection,
+    the same row, the same worst status."""
+    remote = tmp_path / "over-ssh"
+    ssh = {
+        "target": f"ssh://{sshd.user}@127.0.0.1:{sshd.port}",
+        "identity": str(sshd.client_key),
+        "known_hosts": str(sshd.known_hosts),
+        "python": sys.executable,
+        **{k: v for k, v in run_root(remote, CRASHED).items() if k != "target"},
+    }
+    home = write_config(
+        tmp_path / "config", {"box-a": run_root(tmp_path / "a", FINISHED), "gpu-box": ssh}
+    )
+    r, seconds = fleet_cli(home, "--once")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert " critical " in lines["gpu-box"] and "connected" in lines["gpu-box"], r.stdout
+    assert CRASHED in lines["gpu-box"] and "run crashed in drafter-0" in lines["gpu-box"]
+    assert " ok " in lines["box-a"] and FINISHED in lines["box-a"]
+    assert seconds < 12, seconds
 
 
 def test_a_cause_quoting_hostile_text_reaches_the_terminal_made_visible(tmp_path, monkeypatch):
