@@ -131,7 +131,8 @@ def test_the_worst_reachable_target_sets_the_status(tmp_path):
 
 def test_an_ssh_target_is_a_row_like_the_others(sshd, tmp_path):
     """A target over a real sshd on 127.0.0.1 beside a local one: one asyncssh connection,
-    the same row, the same worst status."""
+    the same row. The same sshd under a known_hosts that holds another key is refused, and
+    said so (not retried, not waited for)."""
     remote = tmp_path / "over-ssh"
     ssh = {
         "target": f"ssh://{sshd.user}@127.0.0.1:{sshd.port}",
@@ -140,12 +141,16 @@ def test_an_ssh_target_is_a_row_like_the_others(sshd, tmp_path):
         "python": sys.executable,
         **{k: v for k, v in run_root(remote, CRASHED).items() if k != "target"},
     }
+    impostor = {**ssh, "known_hosts": str(sshd.wrong_known_hosts)}  # another host's key
     home = write_config(
-        tmp_path / "config", {"box-a": run_root(tmp_path / "a", FINISHED), "gpu-box": ssh}
+        tmp_path / "config",
+        {"box-a": run_root(tmp_path / "a", FINISHED), "gpu-box": ssh, "impostor": impostor},
     )
     r, seconds = fleet_cli(home, "--once")
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr
     lines = {line.split()[0]: line for line in r.stdout.splitlines()}
+    assert " unreachable " in lines["impostor"], r.stdout
+    assert "refused: host key of" in lines["impostor"] and "not accepted" in lines["impostor"]
     assert " critical " in lines["gpu-box"] and "connected" in lines["gpu-box"], r.stdout
     assert CRASHED in lines["gpu-box"] and "run crashed in drafter-0" in lines["gpu-box"]
     assert " ok " in lines["box-a"] and FINISHED in lines["box-a"]
