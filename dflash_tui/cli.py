@@ -4,6 +4,7 @@
                [--python PATH] [--identity FILE] [--known-hosts FILE]
                [--headless [--once] [--json] [--interval S]]
     dflash-tui demo [--headless]
+    dflash-tui fleet [--headless [--once] [--json] [--interval S]]
     dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
                 export} [TARGET] [options]
 
@@ -41,6 +42,8 @@ SUBCOMMANDS = {
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
     "the host's GPU runs saved, for deploy to ship",
+    "fleet": "every target of ~/.config/dflash-tui/config.toml on one screen (Enter opens "
+    "one); --headless --once: a line each, exit with the worst status",
     "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
     "SGLang load it, into <remote-dir>/exports/ on the host",
 }
@@ -101,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_command_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
+    if name == "fleet":  # its targets are the config's: no target options
+        h = p.add_argument_group("headless")
+        h.add_argument("--headless", action="store_true", help="print lines, no screen")
+        h.add_argument("--once", action="store_true", help="one line per target, then exit 0-3")
+        h.add_argument("--json", action="store_true", help="JSON lines instead of text")
+        h.add_argument("--interval", type=float, default=2.0, help="seconds between snapshots")
+        p.add_argument("--theme", help="TUI theme (as for the dashboard)")
+        return p
     _common(p, target=name != "demo")
     if name == "launch":
         p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
@@ -409,6 +420,28 @@ async def _demo(args: argparse.Namespace) -> int:
     return code
 
 
+async def _fleet(args: argparse.Namespace) -> int:
+    """`fleet`: the config's targets; none is bad input (fleet.configured_targets says how
+    to add one)."""
+    from dflash_tui.fleet import configured_targets
+
+    targets = configured_targets()
+    if args.once or args.headless or args.json:
+        from dflash_tui.fleet_headless import FleetHeadless
+
+        return await FleetHeadless(
+            targets, interval=args.interval, as_json=args.json, once=args.once
+        ).run()
+    from dflash_tui.app_fleet import run_fleet_app
+    from dflash_tui.themes import ThemeError
+
+    try:
+        return await run_fleet_app(targets, args.theme)
+    except ThemeError as e:
+        _err(str(e))
+        return 2
+
+
 def _status_of_run_dir(args: argparse.Namespace) -> int:
     """`status --run-dir PATH`: the run root is PATH's folder, the followed run PATH's name;
     the agent reads it as it reads a live one (its readers, its liveness checks)."""
@@ -448,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             args = build_command_parser(name).parse_args(argv)
             if name == "demo":
                 return asyncio.run(_demo(args))
+            if name == "fleet":
+                return asyncio.run(_fleet(args))
             if name == "status" and args.run_dir:
                 return _status_of_run_dir(args)
             target = target_from(args, args.target)

@@ -201,6 +201,27 @@ def exit_code_for(s: Store, findings: list[Finding]) -> int:
     return EXIT_OK
 
 
+async def settled(s: Store, timeout: float) -> None:
+    """For --once (and the fleet's): wait until the store's picture is complete (or the
+    time is up)."""
+    deadline = time.monotonic() + timeout
+    ready_at: float | None = None
+    while time.monotonic() < deadline:
+        if s.link.state == "refused":
+            return
+        ready = s.hello is not None and s.runs_received and s.follow_received
+        if ready and ready_at is None:
+            ready_at = time.monotonic()
+        # A run that ended before its first heartbeat (a bad --set, a crash while
+        # loading) never writes one: the runs list's exit record is its picture. The
+        # agent sends a heartbeat right after the follow, so a second is ample.
+        ended_without = ready_at is not None and s.ended() and time.monotonic() - ready_at > 1.0
+        run_seen = s.run_id is None or s.heartbeat is not None or s.heartbeat_error or ended_without
+        if ready and run_seen and s.gpu is not None and s.host is not None:
+            return
+        await asyncio.sleep(0.05)
+
+
 class Headless:
     def __init__(
         self,
@@ -274,28 +295,6 @@ class Headless:
             line = f"\x1b[{colour}m{line}\x1b[0m"
         return line
 
-    async def _settled(self, timeout: float) -> None:
-        """For --once: wait until the picture is complete (or the time is up)."""
-        s = self.store
-        deadline = time.monotonic() + timeout
-        ready_at: float | None = None
-        while time.monotonic() < deadline:
-            if s.link.state == "refused":
-                return
-            ready = s.hello is not None and s.runs_received and s.follow_received
-            if ready and ready_at is None:
-                ready_at = time.monotonic()
-            # A run that ended before its first heartbeat (a bad --set, a crash while
-            # loading) never writes one: the runs list's exit record is its picture. The
-            # agent sends a heartbeat right after the follow, so a second is ample.
-            ended_without = ready_at is not None and s.ended() and time.monotonic() - ready_at > 1.0
-            run_seen = (
-                s.run_id is None or s.heartbeat is not None or s.heartbeat_error or ended_without
-            )
-            if ready and run_seen and s.gpu is not None and s.host is not None:
-                return
-            await asyncio.sleep(0.05)
-
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -304,7 +303,7 @@ class Headless:
         self.link.start()
         try:
             if self.once:
-                await self._settled(timeout=15.0)
+                await settled(self.store, timeout=15.0)
                 findings = diagnose(self.store, config=self.diagnosis)
                 self._notify(findings)
                 self.write(self.snapshot_text(findings))
