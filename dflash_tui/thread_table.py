@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dflash_tui import stages
 from dflash_tui.fmt import bar, size
 from dflash_tui.state import Store
-from trainer.contract.heartbeat import STAGE_HOST
+from trainer.contract.heartbeat import STAGE_HOST, WAIT_REPLICAS
 from trainer.contract.protocol import HostSample, ProcInfo
 
 WAIT_SHOWN = 0.10  # a wait stage shown as "the queue it waits on" from this share of its loop
@@ -53,10 +53,12 @@ class ProcRow:
 def waits_on(state: str, st: stages.ThreadStages | None) -> str:
     """The queue a thread waits on: the one its state names now ("waiting: q_pre full"),
     else its loop's largest wait (a "wait q_hs" stage: the queue's name) from WAIT_SHOWN."""
-    if state.startswith("waiting:"):
+    if state.startswith("waiting:"):  # WAIT_PRE_FULL, WAIT_HS_EMPTY, …
         what = state.removeprefix("waiting:").strip()
         queue, _, why = what.partition(" ")
         return f"{queue} ({why})" if why else queue
+    if state == WAIT_REPLICAS:  # the step's barrier: the other replicas
+        return "replicas (barrier)"
     if st is None:
         return ""
     waits = [s for s in st.stages if s.wait]

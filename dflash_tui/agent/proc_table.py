@@ -25,6 +25,7 @@ from trainer.contract.protocol import (
     ProcsEvent,
 )
 
+FIRST_INTERVAL_S = 0.5  # a new run's first sample reads twice, this far apart
 # Indexes into /proc/PID/stat's fields after the command name (field 3 is index 0).
 _STATE, _PPID, _PGRP, _UTIME, _STIME, _THREADS, _START, _RSS = 0, 1, 2, 11, 12, 17, 19, 21
 
@@ -68,7 +69,11 @@ class ProcTable:
         except CommandError as e:  # ended, or not proven: nothing of it is listed
             self._ticks.clear()
             return ProcsEvent(run_id=run_id, note=str(e).removesuffix(": not signalled"))
-        procs = self.read(proven.pgid, Group(proven).members())
+        group = Group(proven)
+        if not self._ticks:  # a run's first sample: its CPU use over a short interval
+            self.read(proven.pgid, group.members())
+            time.sleep(FIRST_INTERVAL_S)
+        procs = self.read(proven.pgid, group.members())
         return ProcsEvent(run_id=run_id, pgid=proven.pgid, leader=proven.pid, procs=procs)
 
     def read(self, pgid: int, pids: list[int]) -> list[ProcInfo]:

@@ -24,7 +24,7 @@ from dflash_tui.fmt import duration, size
 from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.screens import TextScreen
-from trainer.contract.protocol import PROCESS_SIGNALS, ProcInfo
+from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 
 COLUMNS = ("", "name", "role", "device", "state", "for", "CPU %", "RSS", "slowest stage", "loop")
 WAITS_COLUMN = "waits on"
@@ -52,7 +52,7 @@ def _proc_cells(r: thread_table.ProcRow) -> tuple[Any, ...]:
     p = r.info
     return (
         Text("P", style="magenta"),
-        safe.text(f"{p.pid} {p.name}", limit=60),
+        safe.text(f"{p.pid} {p.name}", limit=MAX_PROC_NAME + 8),
         "trainer" if r.leader else "child",
         "",
         safe.text(p.state, limit=2),

@@ -147,7 +147,14 @@ def test_thread_rows_from_a_real_heartbeat() -> None:
     rows = {r.name: r for r in thread_table.thread_rows(s)}
     order = [r.name for r in thread_table.thread_rows(s)]
     # the pipeline first, upstream first, then the trainer's other threads by name
-    assert order[:6] == ["prefetch-0", "prefetch-1", "target-0", "target-1", "drafter-0", "drafter-1"]
+    assert order[:6] == [
+        "prefetch-0",
+        "prefetch-1",
+        "target-0",
+        "target-1",
+        "drafter-0",
+        "drafter-1",
+    ]
     assert set(order[6:]) == {"MainThread", "gil-probe", "heartbeat"}
     # a thread blocked on a queue names it and why, from its state
     assert rows["prefetch-0"].waits_on == "q_pre (full)"
@@ -160,6 +167,7 @@ def test_thread_rows_from_a_real_heartbeat() -> None:
     assert t0.cpu_pct == 38.6 and t0.role == "target" and t0.device == "cpu"
     d0 = rows["drafter-0"]
     assert d0.slowest is not None and d0.slowest.name == "backward" and d0.waits_on == ""
+    assert thread_table.waits_on("waiting for replicas", None) == "replicas (barrier)"
     assert rows["MainThread"].slowest is None and rows["MainThread"].period_ms is None
     threads, _ = thread_table.by_cpu(list(rows.values()), [])
     assert [r.name for r in threads[:2]] == ["drafter-0", "drafter-1"]  # 56.5 %, 51.5 %
