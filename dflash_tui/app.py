@@ -394,7 +394,8 @@ class DFlashApp(App[int]):
         self.notify(f"theme: {self.theme}", timeout=2)
 
     def action_threads(self) -> None:
-        self.push_screen(ThreadsScreen())  # its rows and actions: widgets/thread_table.py
+        if not isinstance(self.screen, ThreadsScreen):  # its rows and actions: widgets/
+            self.push_screen(ThreadsScreen())
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

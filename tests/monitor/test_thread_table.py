@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from typing import Any
 import pytest
 
 from dflash_tui import thread_table
-from dflash_tui.agent.proc_table import ProcTable
+from dflash_tui.agent.errors import CommandError
+from dflash_tui.agent.proc_table import ProcTable, signal_member
 from dflash_tui.agent.procs import group_pids
 from dflash_tui.agent.runs import RunRoot
 from dflash_tui.state import Store
@@ -32,6 +34,8 @@ from trainer.contract.protocol import (
 from trainer.contract.typed import Unreadable
 
 HEARTBEATS = Path(__file__).resolve().parents[1] / "fixtures" / "heartbeats"
+RUNDIRS = Path(__file__).resolve().parents[1] / "fixtures" / "rundirs" / "h200-schema2"
+ENDED_RUN = "20261201-052645-tiny-gpu-2735"
 
 
 @pytest.fixture
@@ -131,6 +135,17 @@ def test_an_unsound_procs_event_is_refused_whole(
     assert isinstance(got, Unreadable) and why in got.why, got
 
 
+def test_an_ended_run_lists_no_process_and_says_why(tmp_path: Path) -> None:
+    """A run dir recorded from a real run that has ended: whatever has its pid now is not
+    listed (nor signalled)."""
+    shutil.copytree(RUNDIRS / ENDED_RUN, tmp_path / ENDED_RUN)
+    event = ProcTable(RunRoot(str(tmp_path))).sample(ENDED_RUN)
+    assert (event.pgid, event.leader, event.procs) == (0, 0, [])
+    assert event.note.startswith(f"run {ENDED_RUN} ended ") and "not signalled" not in event.note
+    with pytest.raises(CommandError, match=f"run {ENDED_RUN} ended .*: not signalled"):
+        signal_member(RunRoot(str(tmp_path)), ENDED_RUN, os.getpid(), 0, "SIGTERM")
+
+
 def recorded_store() -> Store:
     """A store holding a heartbeat of a real CPU run (tests/fixtures/heartbeats)."""
     data = json.loads((HEARTBEATS / "training-cpu.json").read_text())
@@ -203,3 +218,42 @@ def test_one_threads_section_of_a_named_and_of_a_faulthandler_dump() -> None:
     section = thread_table.thread_section(fh, "MainThread")
     assert section is not None and section.startswith("Current thread 0x00007f02")
     assert "supervise" in section and "forward" not in section
+
+
+def test_the_screen_shows_hostile_names_as_text(
+    group: subprocess.Popen[bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process name (its command line is anyone's to choose) and a thread name reach the
+    table as visible text: markup is not read, escapes are shown as `\\x1b`."""
+    import asyncio
+
+    from textual.widgets import DataTable
+
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.targets import Target
+    from dflash_tui.widgets.thread_table import ThreadsScreen
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    s = recorded_store()
+    real = sampled(group, tmp_path)
+    evil = "[bold red]boom\x1b[2J\u202e"
+    real["procs"][0]["name"] = evil
+    real["run_id"] = s.run_id
+    event = decode_event(real)
+    assert isinstance(event, ProcsEvent) and event.procs[0].name == evil
+
+    async def go() -> list[str]:
+        app = DFlashApp(Target(name="local", kind="local"), connect=False, clock=s.clock)
+        async with app.run_test(size=(200, 40)) as pilot:
+            app.store.heartbeat, app.store.run_id = s.heartbeat, s.run_id
+            app.store.apply(event)
+            await pilot.press("T")
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, ThreadsScreen)
+            table = app.screen.query_one(DataTable)
+            return [str(c) for key in list(table.rows) for c in table.get_row(key)]
+
+    shown = asyncio.run(go())
+    named = [c for c in shown if "boom" in c]
+    assert named == [f"{event.procs[0].pid} [bold red]boom\\x1b[2J\\u202e"], named
+    assert "drafter-0" in shown and "q_pre (full)" in shown
