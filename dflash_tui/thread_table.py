@@ -40,10 +40,19 @@ class ThreadRow:
         return f"thread:{self.name}"
 
 
+PROC_TRAINER, PROC_CHILD, PROC_WRAPPER = "trainer", "child", "wrap"
+
+
 @dataclass(frozen=True)
 class ProcRow:
     info: ProcInfo
-    leader: bool  # the run's proven process (the trainer)
+    role: str  # PROC_TRAINER (the run's proven process), PROC_CHILD, PROC_WRAPPER
+
+    @property
+    def signalled(self) -> bool:
+        """A row that may be offered a signal: in the run's proven group (the wrapper has a
+        group of its own)."""
+        return self.role != PROC_WRAPPER
 
     @property
     def key(self) -> str:
@@ -101,12 +110,16 @@ def thread_rows(store: Store) -> list[ThreadRow]:
 
 
 def proc_rows(store: Store) -> list[ProcRow]:
-    """The run's proven process group, the trainer first, then by pid."""
+    """The run's proven process group, the trainer first, then by pid; the launch wrapper
+    (outside the group) last."""
     p = store.procs
     if p is None:
         return []
-    rows = [ProcRow(info, info.pid == p.leader) for info in p.procs]
-    return sorted(rows, key=lambda r: (not r.leader, r.info.pid))
+    rows = [ProcRow(i, PROC_TRAINER if i.pid == p.leader else PROC_CHILD) for i in p.procs]
+    rows.sort(key=lambda r: (r.role != PROC_TRAINER, r.info.pid))
+    if p.wrapper is not None:
+        rows.append(ProcRow(p.wrapper, PROC_WRAPPER))
+    return rows
 
 
 def by_cpu(rows: list[ThreadRow], procs: list[ProcRow]) -> tuple[list[ThreadRow], list[ProcRow]]:

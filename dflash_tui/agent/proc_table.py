@@ -1,5 +1,7 @@
 """The followed run's processes for the thread/process table: every process in the run's
-proven process group (the trainer, its compile and tokenizer workers), from /proc.
+proven process group (the trainer, its compile and tokenizer workers), from /proc; and the
+launch wrapper beside them (launch.json's `wrapper_pid`, the trainer's parent), which lives in
+a group of its own: shown, never signalled from the table.
 
 Only the group `identity.prove` proved for the run just now is listed: a pid outside it is
 never reported, so the table cannot offer to signal it (and the agent refuses it anyway:
@@ -24,6 +26,7 @@ from trainer.contract.protocol import (
     ProcInfo,
     ProcsEvent,
 )
+from trainer.contract.records import LaunchRecord, read_launch
 
 FIRST_INTERVAL_S = 0.5  # a new run's first sample reads twice, this far apart
 # Indexes into /proc/PID/stat's fields after the command name (field 3 is index 0).
@@ -70,20 +73,48 @@ class ProcTable:
             self._ticks.clear()
             return ProcsEvent(run_id=run_id, note=str(e).removesuffix(": not signalled"))
         group = Group(proven)
+        wrapper_pid = self._wrapper_pid(run_id)
         if not self._ticks:  # a run's first sample: its CPU use over a short interval
-            self.read(proven.pgid, group.members())
+            self._ticks = self._read_all(proven.pgid, group.members(), wrapper_pid)[2]
             time.sleep(FIRST_INTERVAL_S)
-        procs = self.read(proven.pgid, group.members())
-        return ProcsEvent(run_id=run_id, pgid=proven.pgid, leader=proven.pid, procs=procs)
+        procs, wrapper, self._ticks = self._read_all(proven.pgid, group.members(), wrapper_pid)
+        leader = next((p for p in procs if p.pid == proven.pid), None)
+        if wrapper is not None and (leader is None or leader.ppid != wrapper.pid):
+            wrapper = None  # not the trainer's parent: not the run's wrapper
+        return ProcsEvent(
+            run_id=run_id, pgid=proven.pgid, leader=proven.pid, procs=procs, wrapper=wrapper
+        )
 
-    def read(self, pgid: int, pids: list[int]) -> list[ProcInfo]:
-        """What /proc says of each of `pids` still in group `pgid` (at most MAX_PROCS)."""
-        now = time.monotonic()
+    def _wrapper_pid(self, run_id: str) -> int | None:
+        """The launch wrapper's pid as launch.json records it (a run started by hand has none)."""
+        launch = read_launch(self.runs.run_dir(run_id))
+        return launch.wrapper_pid if isinstance(launch, LaunchRecord) else None
+
+    def _read_all(
+        self, pgid: int, pids: list[int], wrapper_pid: int | None
+    ) -> tuple[list[ProcInfo], ProcInfo | None, dict[tuple[int, int], tuple[int, float]]]:
         seen: dict[tuple[int, int], tuple[int, float]] = {}
+        procs = self._read(pgid, pids, seen)
+        wrapper = self._read(None, [wrapper_pid], seen) if wrapper_pid else []
+        return procs, (wrapper[0] if wrapper else None), seen
+
+    def read_group(self, pgid: int, pids: list[int]) -> list[ProcInfo]:
+        """One sample of `pids` in group `pgid`, CPU use since the previous one."""
+        seen: dict[tuple[int, int], tuple[int, float]] = {}
+        procs = self._read(pgid, pids, seen)
+        self._ticks = seen
+        return procs
+
+    def _read(
+        self, pgid: int | None, pids: list[int], seen: dict[tuple[int, int], tuple[int, float]]
+    ) -> list[ProcInfo]:
+        """What /proc says of each of `pids` still in group `pgid` (None: any group), at most
+        MAX_PROCS; CPU use against the previous sample's ticks, this one's put in `seen`."""
+        now = time.monotonic()
         procs = []
         for pid in pids[:MAX_PROCS]:
             f = _fields(pid)
-            if f is None or len(f) <= _RSS or int(f[_PGRP]) != pgid:
+            if f is None or len(f) <= _RSS or (pgid is not None and int(f[_PGRP]) != pgid):
                 continue  # gone since the listing, or left the group
             key = (pid, int(f[_START]))
             ticks = int(f[_UTIME]) + int(f[_STIME])
@@ -105,7 +136,6 @@ class ProcTable:
                     threads=int(f[_THREADS]),
                 )
             )
-        self._ticks = seen
         return procs
 
 

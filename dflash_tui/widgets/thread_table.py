@@ -53,14 +53,14 @@ def _proc_cells(r: thread_table.ProcRow) -> tuple[Any, ...]:
     return (
         Text("P", style="magenta"),
         safe.text(f"{p.pid} {p.name}", limit=MAX_PROC_NAME + 8),
-        "trainer" if r.leader else "child",
+        r.role,
         "",
         safe.text(p.state, limit=2),
         "",
         "" if p.cpu_pct is None else f"{p.cpu_pct:5.1f}",
         size(p.rss),
         "",
-        f"{p.threads} threads" if p.threads else "",
+        f"{p.threads} thread{'s' if p.threads != 1 else ''}" if p.threads else "",
         "",
     )
 
@@ -191,8 +191,15 @@ class ThreadsScreen(Screen[None]):
         row = self.rows.get(str(event.row_key.value))
         if isinstance(row, thread_table.ThreadRow):
             self.show_stack(row.name)
+        elif isinstance(row, thread_table.ProcRow) and row.signalled:
+            self.offer_signal(row.info, row.role == thread_table.PROC_TRAINER)
         elif isinstance(row, thread_table.ProcRow):
-            self.offer_signal(row.info, row.leader)
+            self.dapp.notify(
+                f"pid {row.info.pid} is the launch wrapper, in a process group of its own: "
+                "not signalled from here (k stops the run; the wrapper then exits)",
+                severity="warning",
+                timeout=8,
+            )
 
     def show_stack(self, name: str) -> None:
         app = self.dapp

@@ -54,17 +54,17 @@ def sampled(group: subprocess.Popen[bytes], tmp_path: Path, twice: bool = True) 
     """A procs event of the group as the agent sends it (JSON), the second sample's (CPU use
     needs an interval)."""
     table = ProcTable(RunRoot(str(tmp_path)))
-    procs = table.read(group.pid, group_pids(group.pid))
+    procs = table.read_group(group.pid, group_pids(group.pid))
     if twice:
         time.sleep(0.2)
-        procs = table.read(group.pid, group_pids(group.pid))
+        procs = table.read_group(group.pid, group_pids(group.pid))
     event = ProcsEvent(t=time.time(), run_id="r1", pgid=group.pid, leader=group.pid, procs=procs)
     return json.loads(json.dumps(event.to_json()))
 
 
 def test_the_agent_reads_a_real_group(group: subprocess.Popen[bytes], tmp_path: Path) -> None:
     table = ProcTable(RunRoot(str(tmp_path)))
-    first = table.read(group.pid, group_pids(group.pid))
+    first = table.read_group(group.pid, group_pids(group.pid))
     assert all(p.cpu_pct is None for p in first)  # no interval yet
     event = decode_event(sampled(group, tmp_path))
     assert isinstance(event, ProcsEvent), event
@@ -81,7 +81,7 @@ def test_the_agent_reads_a_real_group(group: subprocess.Popen[bytes], tmp_path: 
         stat = Path(f"/proc/{p.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
         assert p.start == int(stat[19])
     # a pid that has left (or never was in) the group is not read
-    assert table.read(group.pid, [os.getpid()]) == []
+    assert table.read_group(group.pid, [os.getpid()]) == []
 
 
 def test_hostile_procs_entries_are_dropped_at_the_boundary(
@@ -112,6 +112,11 @@ def test_hostile_procs_entries_are_dropped_at_the_boundary(
     event = decode_event({**real, "procs": [*hostile, good]})
     assert isinstance(event, ProcsEvent), event
     assert [p.pid for p in event.procs] == [good["pid"]]  # only the sound one is left
+    for bad in hostile:  # the wrapper's entry too: dropped, the group's processes kept
+        got = decode_event({**real, "wrapper": bad})
+        assert isinstance(got, ProcsEvent) and got.wrapper is None and got.procs, bad
+    kept = decode_event({**real, "wrapper": good})
+    assert isinstance(kept, ProcsEvent) and kept.wrapper is not None
     # NaN as JSON text (Python's json writes and reads it) is dropped the same way
     line = json.dumps({**real, "procs": [{**good, "cpu_pct": math.nan}]})
     got = decode_event_line(line)

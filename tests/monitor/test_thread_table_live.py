@@ -150,6 +150,12 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             row = rows[f"proc:{trainer.pid}:{trainer.start}"]
             assert row[1].startswith(f"{trainer.pid} ") and row[2] == "trainer", row
             assert row[7].endswith(("MB", "GB")), row  # its RSS
+            # the launch wrapper, the trainer's parent, in a group of its own: shown, last
+            launch = json.loads((run_dir / "launch.json").read_text())
+            assert procs.wrapper is not None and procs.wrapper.pid == launch["wrapper_pid"]
+            assert trainer.ppid == procs.wrapper.pid
+            wrap_key = f"proc:{procs.wrapper.pid}:{procs.wrapper.start}"
+            assert list(rows)[-1] == wrap_key and rows[wrap_key][2] == "wrap"
             meters = str(screen.query_one("#meters").render())
             assert f"of {app.store.host.cpus} CPUs" in meters and "RAM" in meters, meters
             print("\n".join(" | ".join(v) for v in rows.values()))
@@ -209,7 +215,19 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             await pilot.pause(0.5)
             added = fallback.read_text()[before:]
             assert "most recent call first" in added, added[:500]
-            await pilot.press("escape")
+            assert isinstance(app.screen, ThreadsScreen)  # the dialog has gone
+
+            # Enter on the wrapper's row: said, no signal offered
+            await until(pilot, lambda: app._busy is None, "the signal's command to end")
+            table.move_cursor(row=list(screen.rows).index(wrap_key))
+            await pilot.press("enter")
+            said = await until(
+                pilot,
+                lambda: [n.message for n in app._notifications if "launch wrapper" in n.message],
+                "the wrapper's note",
+            )
+            assert said[-1].startswith(f"pid {procs.wrapper.pid} is the launch wrapper")
+            assert isinstance(app.screen, ThreadsScreen)
 
     asyncio.run(go())
     step = r.store.heartbeat.step

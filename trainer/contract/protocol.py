@@ -258,21 +258,25 @@ class ProcInfo:
         return None
 
 
+def _sound_proc(entry: Any) -> bool:
+    try:
+        return decode(ProcInfo, entry, "procs[]").invalid() is None
+    except Invalid:
+        return False
+
+
 def _drop_bad_procs(data: Any) -> Any:
-    """A procs event with every entry that is not a sound ProcInfo removed: one odd process
-    (or a hostile line) must not cost the table the others."""
-    procs = data.get("procs") if isinstance(data, dict) else None
-    if not isinstance(procs, list) or len(procs) > MAX_PROCS:
-        return data  # too many: the whole event is refused (ProcsEvent.invalid)
-    kept = []
-    for entry in procs:
-        try:
-            info = decode(ProcInfo, entry, "procs[]")
-        except Invalid:
-            continue
-        if info.invalid() is None:
-            kept.append(entry)
-    return {**data, "procs": kept}
+    """A procs event with every entry that is not a sound ProcInfo removed (an unsound
+    wrapper reads as None): one odd process (or a hostile line) must not cost the table the
+    others."""
+    if not isinstance(data, dict):
+        return data
+    procs = data.get("procs")
+    if isinstance(procs, list) and len(procs) <= MAX_PROCS:  # too many: refused whole
+        data = {**data, "procs": [entry for entry in procs if _sound_proc(entry)]}
+    if data.get("wrapper") is not None and not _sound_proc(data["wrapper"]):
+        data = {k: v for k, v in data.items() if k != "wrapper"}
+    return data
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -285,6 +289,9 @@ class ProcsEvent(Event):
     pgid: int = 0  # 0: nothing proven
     leader: int = 0  # the proven run process (the trainer)
     procs: list[ProcInfo] = dataclasses.field(default_factory=list)
+    # The launch wrapper (agent/wrap.py), the trainer's parent, outside the group: shown, not
+    # signalled. None: a run started by hand, or it is gone.
+    wrapper: ProcInfo | None = None
     note: str = ""
 
     def invalid(self) -> str | None:
@@ -294,6 +301,8 @@ class ProcsEvent(Event):
             return f"pgid {self.pgid} (leader {self.leader}): not a process group"
         if len(self.procs) > MAX_PROCS:
             return f"{len(self.procs)} processes (at most {MAX_PROCS})"
+        if self.wrapper is not None and (why := self.wrapper.invalid()) is not None:
+            return f"wrapper: {why}"
         return None
 
 
