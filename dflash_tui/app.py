@@ -48,6 +48,7 @@ from dflash_tui.widgets.screens import (
 )
 from dflash_tui.widgets.stages import StagePane
 from dflash_tui.widgets.steplog import StepLog
+from dflash_tui.widgets.thread_table import ThreadsScreen
 from trainer.contract.protocol import Progress
 
 STAGES_MIN_HEIGHT = 36  # rows: below this the stage bars give way to the step log
@@ -65,6 +66,7 @@ class DFlashApp(App[int]):
         Binding("slash", "filter", "filter"),
         Binding("f", "follow", "follow"),
         Binding("t", "next_theme", "theme"),
+        Binding("T", "threads", "threads"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
@@ -130,6 +132,11 @@ class DFlashApp(App[int]):
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
+        (
+            "Threads and processes",
+            "every trainer thread and the run's processes, htop style (T)",
+            "threads",
+        ),
         ("Help", "the keys (?)", "help"),
     )
 
@@ -385,6 +392,10 @@ class DFlashApp(App[int]):
         self.theme = names[(i + 1) % len(names)]
         themes.remember_theme(self.theme)
         self.notify(f"theme: {self.theme}", timeout=2)
+
+    def action_threads(self) -> None:
+        if not isinstance(self.screen, ThreadsScreen):  # its rows and actions: widgets/
+            self.push_screen(ThreadsScreen())
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

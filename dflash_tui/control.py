@@ -45,6 +45,7 @@ from trainer.contract.protocol import (
     ReadFile,
     Restart,
     RunInfo,
+    SignalProcess,
 )
 from trainer.contract.protocol import Progress as ProgressEvent
 from trainer.contract.records import ExitRecord
@@ -409,6 +410,23 @@ async def restart(
 async def dump_stacks(link: Requester, pyspy: bool = True, run_id: str | None = None) -> Stacks:
     cmd = DumpStacks(run_id=run_id, pyspy=pyspy)
     return _answer(Stacks, cmd, await link.request(cmd))
+
+
+@dataclasses.dataclass
+class Signalled:
+    run_id: str
+    pid: int
+    signal: str
+    message: str = ""
+
+
+async def signal_process(
+    link: Requester, pid: int, start: int, signal: str, run_id: str | None = None
+) -> Signalled:
+    """One signal to one process of the run's group (the thread/process table's row): the
+    agent proves the run and the pid's group and start time first, or refuses."""
+    cmd = SignalProcess(run_id=run_id, pid=pid, start=start, signal=signal)
+    return _answer(Signalled, cmd, await link.request(cmd))
 
 
 async def clear_cache(link: Requester) -> CacheCleared:

@@ -46,7 +46,9 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     gpus: [{index, name, mem_used, mem_total, util, role, sm_clock_mhz, sm_clock_max_mhz,
             clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c}], gpu_state,
     host: {t, cpus, load: [1, 5, 15 min], cpu_pct, mem_total, mem_available,
-           disk: {path, free, total} | null} | null (the agent's newest host sample)}
+           disk: {path, free, total} | null} | null (the agent's newest host sample),
+    procs: {t, run_id, pgid, leader, note, procs: [{pid, start, ppid, state, name, cpu_pct,
+            rss, threads}]} | null (the run's proven process group, agent/proc_table.py)}
 
 `status` (--once) prints, after the status line, one line on the host (`host: 2 CPUs, load
 4.50 (2.25 per CPU), CPU 97% busy, memory …, disk … free of … on RUN_ROOT`), then the
@@ -217,7 +219,9 @@ async def settled(s: Store, timeout: float) -> None:
         # agent sends a heartbeat right after the follow, so a second is ample.
         ended_without = ready_at is not None and s.ended() and time.monotonic() - ready_at > 1.0
         run_seen = s.run_id is None or s.heartbeat is not None or s.heartbeat_error or ended_without
-        if ready and run_seen and s.gpu is not None and s.host is not None:
+        # The run's processes come within a second of the follow (agent/proc_table.py).
+        procs_seen = s.run_id is None or s.procs is not None
+        if ready and run_seen and s.gpu is not None and s.host is not None and procs_seen:
             return
         await asyncio.sleep(0.05)
 

@@ -38,6 +38,7 @@ from trainer.contract.protocol import (
     Line,
     Liveness,
     Log,
+    ProcsEvent,
     Progress,
     RunInfo,
     RunsEvent,
@@ -103,6 +104,7 @@ class Store:
         self.gpu: GpuSample | None = None
         self.gpu_history: dict[int, deque[GpuPoint]] = {}
         self.host: HostSample | None = None  # the newest host sample: CPUs, load, memory, disk
+        self.procs: ProcsEvent | None = None  # the followed run's process group, newest sample
         self.history = history
         self.run_id: str | None = None
         self.run_dir: str | None = None
@@ -153,6 +155,9 @@ class Store:
                 self._on_gpu(event)
             elif isinstance(event, HostSample):
                 self.host = event
+            elif isinstance(event, ProcsEvent):
+                if event.run_id == self.run_id:
+                    self.procs = event
             elif isinstance(event, Follow):
                 self._on_follow(event)
             elif isinstance(event, HeartbeatEvent):
@@ -215,6 +220,7 @@ class Store:
             self.metrics.clear()
             self.launch_log.clear()
             self.liveness = None
+            self.procs = None
             self.last_step_line_at = None
         self.run_dir = e.run_dir
 
@@ -439,4 +445,5 @@ class Store:
             ],
             "gpu_state": self.gpu.state if self.gpu else None,
             "host": encode(self.host),
+            "procs": encode(self.procs),
         }

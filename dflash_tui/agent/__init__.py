@@ -18,6 +18,8 @@ One job per module:
   gpus      NVML, else nvidia-smi, else a clear "no GPU"
   host      the host: CPUs, load, CPU use, memory, free disk under the run root
   procs     what /proc says about a process: alive, started when, in which group, which locks
+  proc_table  the followed run's proven process group sampled (pid, state, CPU, RSS), and
+            one signal to one member of it (the thread/process table's rows)
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
   identity  whose process a signal may reach: the run's, proven, or none
   commands  every command's handler, by command record

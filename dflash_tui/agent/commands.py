@@ -21,6 +21,7 @@ from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
+from dflash_tui.agent.proc_table import signal_member
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
     ClearCompileCache,
@@ -37,6 +38,7 @@ from trainer.contract.protocol import (
     PushArtifacts,
     ReadFile,
     Restart,
+    SignalProcess,
 )
 from trainer.contract.records import HEARTBEAT, LAUNCH_CONFIG, LaunchRecord, read_launch
 
@@ -284,6 +286,16 @@ def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     return result
 
 
+def signal_member_process(agent: Agent, cmd: SignalProcess) -> dict[str, Any]:
+    """One signal to one process of the run's proven group (a row of the thread/process
+    table); refused, signalling nothing, unless proc_table.signal_member's checks hold."""
+    run_id = cmd.run_id or agent.run_id
+    if run_id is None:
+        raise CommandError("no run is followed: whose process?")
+    message = signal_member(agent.runs, run_id, cmd.pid, cmd.start, cmd.signal)
+    return {"run_id": run_id, "pid": cmd.pid, "signal": cmd.signal, "message": message}
+
+
 def compile_cache_dir() -> str:
     """Where the trainer keeps its compile cache (trainer's DFLASH_CACHE_DIR rule)."""
     base = os.environ.get("DFLASH_CACHE_DIR")
@@ -340,4 +352,5 @@ HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
     PullArtifacts: pull_artifacts,
     PushArtifacts: push_artifacts,
     ExportDrafter: export_drafter,
+    SignalProcess: signal_member_process,
 }

@@ -28,6 +28,7 @@ from dflash_tui.agent.files import FileFollower, HeartbeatWatch, Inotify
 from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.host import HostProbe
 from dflash_tui.agent.output import Out
+from dflash_tui.agent.proc_table import ProcTable
 from dflash_tui.agent.runs import RunRoot
 from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
 from trainer.contract.protocol import (
@@ -142,6 +143,7 @@ class Agent:
         threading.Thread(target=self.read_stdin, name="stdin", daemon=True).start()
         threading.Thread(target=self.gpu_loop, name="gpu", daemon=True).start()
         threading.Thread(target=self.host_loop, name="host", daemon=True).start()
+        threading.Thread(target=self.procs_loop, name="procs", daemon=True).start()
         inotify = None
         why = "--no-inotify"
         if not self.args.no_inotify:
@@ -223,6 +225,23 @@ class Agent:
                 self.out.emit(probe.sample())
             except Exception as e:  # never die of a monitoring hiccup
                 self.log("error", f"host sample: {type(e).__name__}: {e}")
+
+    def procs_loop(self) -> None:
+        """The followed run's process group (proc_table.py) on the host sample's period,
+        and at once (within half a second) when the followed run changes."""
+        table = ProcTable(self.runs)
+        sampled: tuple[str | None, float] = (None, 0.0)  # (run id, monotonic time)
+        while not self.stop.wait(0.5):
+            run_id = self.run_id
+            if run_id is None or (
+                run_id == sampled[0] and time.monotonic() - sampled[1] < self.args.host_interval
+            ):
+                continue
+            sampled = (run_id, time.monotonic())
+            try:
+                self.out.emit(table.sample(run_id))
+            except Exception as e:  # never die of a monitoring hiccup
+                self.log("error", f"procs sample: {type(e).__name__}: {e}")
 
     # -- following ---------------------------------------------------------------------------
     def follow_files(self) -> None:

@@ -121,6 +121,7 @@ l   choose a run (Enter on a row); the latest run is followed by default
 /   filter the step log (empty filter = all lines)
 f   follow / pause the step log
 t   next theme (dark, light, high-contrast, …); remembered
+T   threads and processes: Enter on a thread shows its stack, on a process offers a signal
 ?   this help
 q   quit: the remote run is left alone
 """

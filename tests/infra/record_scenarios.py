@@ -50,7 +50,7 @@ TIME_KEYS = {
     "t", "now", "started_at", "phase_started_at", "last_step_at", "ended_at", "since", "at",
     "created", "time", "launched_at",
 }  # fmt: skip
-PID_KEYS = {"pid", "pgid", "wrapper_pid", "agent_pid"}
+PID_KEYS = {"pid", "pgid", "wrapper_pid", "agent_pid", "ppid", "leader"}  # leader, ppid: procs
 
 Ready = Callable[[Store], bool]
 

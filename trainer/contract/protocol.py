@@ -219,6 +219,93 @@ class HostSample(Event):
         return None
 
 
+# A run's process group as the agent samples it (dflash_tui/agent/proc_table.py): at most
+# MAX_PROCS processes, each checked at the boundary; a bad entry is dropped, not the sample.
+MAX_PROCS = 256
+MAX_PROC_NAME = 64  # /proc/PID/comm is 15 characters; a command line is cut to this
+PROC_STATES = frozenset("RSDZTtWXxKPI")  # /proc/PID/stat's state letters
+
+
+@dataclasses.dataclass
+class ProcInfo:
+    """One process of the run's group: what `signal_process` names it by (pid and start),
+    and what the thread/process table shows."""
+
+    pid: int
+    start: int  # clock ticks after boot (/proc/PID/stat field 22): with the pid, the process
+    ppid: int = 0
+    state: str = "?"  # one of PROC_STATES
+    name: str = ""  # its command line, cut to MAX_PROC_NAME (the comm when it has none)
+    cpu_pct: float | None = None  # since the previous sample, % of one CPU; None: first seen
+    rss: int = 0  # bytes resident
+    threads: int = 0
+
+    def invalid(self) -> str | None:
+        if not 1 <= self.pid <= 1 << 22 or not 0 <= self.ppid <= 1 << 22:  # pid_max's limit
+            return f"pid {self.pid} (ppid {self.ppid}): not a pid"
+        if self.start < 0:
+            return f"pid {self.pid}: start {self.start}: not a time"
+        if self.state not in PROC_STATES:
+            return f"pid {self.pid}: state {self.state[:8]!r}: not a process state"
+        if len(self.name) > MAX_PROC_NAME:
+            return f"pid {self.pid}: a name of {len(self.name)} characters"
+        if self.cpu_pct is not None and not 0.0 <= self.cpu_pct <= 100.0 * MAX_CPUS:
+            return f"pid {self.pid}: cpu_pct {self.cpu_pct}: not a share"  # NaN fails too
+        if not 0 <= self.rss <= MAX_HOST_BYTES:
+            return f"pid {self.pid}: rss {self.rss}: not a process's"
+        if not 0 <= self.threads <= 1 << 22:
+            return f"pid {self.pid}: {self.threads} threads"
+        return None
+
+
+def _sound_proc(entry: Any) -> bool:
+    try:
+        return decode(ProcInfo, entry, "procs[]").invalid() is None
+    except Invalid:
+        return False
+
+
+def _drop_bad_procs(data: Any) -> Any:
+    """A procs event with every entry that is not a sound ProcInfo removed (an unsound
+    wrapper reads as None): one odd process (or a hostile line) must not cost the table the
+    others."""
+    if not isinstance(data, dict):
+        return data
+    procs = data.get("procs")
+    if isinstance(procs, list) and len(procs) <= MAX_PROCS:  # too many: refused whole
+        data = {**data, "procs": [entry for entry in procs if _sound_proc(entry)]}
+    if data.get("wrapper") is not None and not _sound_proc(data["wrapper"]):
+        data = {k: v for k, v in data.items() if k != "wrapper"}
+    return data
+
+
+@dataclasses.dataclass(kw_only=True)
+class ProcsEvent(Event):
+    """The followed run's process group every few seconds: only processes whose group is
+    the one `identity.prove` proved for the run. Empty with `note` when nothing is proven
+    (the run ended, or its process cannot be proven to be it)."""
+
+    run_id: str
+    pgid: int = 0  # 0: nothing proven
+    leader: int = 0  # the proven run process (the trainer)
+    procs: list[ProcInfo] = dataclasses.field(default_factory=list)
+    # The launch wrapper (agent/wrap.py), the trainer's parent, outside the group: shown, not
+    # signalled. None: a run started by hand, or it is gone.
+    wrapper: ProcInfo | None = None
+    note: str = ""
+
+    def invalid(self) -> str | None:
+        if (why := super().invalid()) is not None:
+            return why
+        if not 0 <= self.pgid <= 1 << 22 or not 0 <= self.leader <= 1 << 22:
+            return f"pgid {self.pgid} (leader {self.leader}): not a process group"
+        if len(self.procs) > MAX_PROCS:
+            return f"{len(self.procs)} processes (at most {MAX_PROCS})"
+        if self.wrapper is not None and (why := self.wrapper.invalid()) is not None:
+            return f"wrapper: {why}"
+        return None
+
+
 @dataclasses.dataclass
 class RunEval:
     """A run's held-out eval as the runs list carries it: its heartbeat's `eval`
@@ -374,6 +461,7 @@ EVENTS: dict[str, type[Event]] = {
     "hello": Hello,
     "gpu": GpuSample,
     "host": HostSample,
+    "procs": ProcsEvent,
     "runs": RunsEvent,
     "follow": Follow,
     "heartbeat": HeartbeatEvent,
@@ -406,6 +494,8 @@ def decode_event(data: Any) -> Event | Unreadable:
     """An agent event from parsed JSON, or why it is not one: well-typed and sound."""
     if isinstance(data, dict) and data.get("type") == "gpu":
         data = _drop_bad_health(data)
+    if isinstance(data, dict) and data.get("type") == "procs":
+        data = _drop_bad_procs(data)
     event = _decode_tagged(data, "type", EVENTS, "event")
     if isinstance(event, Unreadable):
         return event
@@ -508,6 +598,25 @@ class DumpStacks(Command):
         return self.timeout_s + 55.0  # py-spy may take a while on a busy process
 
 
+# What a row of the thread/process table may send to one process of the run's group.
+PROCESS_SIGNALS = ("SIGTERM", "SIGKILL", "SIGUSR2")
+
+
+@dataclasses.dataclass(kw_only=True)
+class SignalProcess(Command):
+    """One signal to one process of the run's proven group, named by pid and the start time
+    its procs sample reported: the agent refuses it unless the run is proven
+    (identity.prove) and that pid still lives, started then, in the run's group."""
+
+    run_id: str | None = None  # None: the followed run
+    pid: int
+    start: int
+    signal: str  # one of PROCESS_SIGNALS
+
+    def client_timeout(self) -> float:
+        return 15.0
+
+
 @dataclasses.dataclass(kw_only=True)
 class ClearCompileCache(Command):
     def client_timeout(self) -> float:
@@ -583,6 +692,7 @@ COMMANDS: dict[str, type[Command]] = {
     "pull_artifacts": PullArtifacts,
     "push_artifacts": PushArtifacts,
     "export": ExportDrafter,
+    "signal_process": SignalProcess,
 }
 COMMAND_NAMES: dict[type, str] = {cls: name for name, cls in COMMANDS.items()}
 # Answered inline by the agent's loop; the others run on a thread of their own so that a

@@ -1,0 +1,243 @@
+"""The thread/process table (T): host meters, then a row per trainer thread and a row per
+process of the run's proven group, htop style; `s` sorts by CPU, j/k or the arrows move.
+
+Enter on a thread row dumps the stacks and shows that thread's section; Enter on a process
+row asks which signal (SIGTERM, SIGKILL, SIGUSR2: a stack dump) and sends it through the
+agent, which refuses it unless the pid is still the one listed, in the run's proven group
+(dflash_tui/agent/proc_table.py). The rows come from dflash_tui/thread_table.py; every
+string in them is the host's: cells are `Text` from widgets/safe.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Static
+
+from dflash_tui import control, thread_table
+from dflash_tui.fmt import duration, size
+from dflash_tui.stages import ms_text
+from dflash_tui.widgets import safe
+from dflash_tui.widgets.screens import TextScreen
+from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
+
+COLUMNS = ("", "name", "role", "device", "state", "for", "CPU %", "RSS", "slowest stage", "loop")
+WAITS_COLUMN = "waits on"
+REFRESH_S = 1.0
+
+
+def _thread_cells(r: thread_table.ThreadRow) -> tuple[Any, ...]:
+    slowest = f"{r.slowest.name} {ms_text(r.slowest.ms)}" if r.slowest else ""
+    return (
+        Text("T", style="cyan"),
+        safe.text(r.name, limit=40),
+        safe.text(r.role, limit=20),
+        safe.text(r.device, limit=20),
+        safe.text(r.state, limit=40),
+        duration(r.in_state_s),
+        f"{r.cpu_pct:5.1f}",
+        "",
+        safe.text(slowest, limit=40),
+        ms_text(r.period_ms) if r.period_ms else "",
+        safe.text(r.waits_on, limit=30),
+    )
+
+
+def _proc_cells(r: thread_table.ProcRow) -> tuple[Any, ...]:
+    p = r.info
+    return (
+        Text("P", style="magenta"),
+        safe.text(f"{p.pid} {p.name}", limit=MAX_PROC_NAME + 8),
+        r.role,
+        "",
+        safe.text(p.state, limit=2),
+        "",
+        "" if p.cpu_pct is None else f"{p.cpu_pct:5.1f}",
+        size(p.rss),
+        "",
+        f"{p.threads} thread{'s' if p.threads != 1 else ''}" if p.threads else "",
+        "",
+    )
+
+
+class SignalScreen(ModalScreen[str | None]):
+    """Which signal to send one process of the run's group; None: cancel."""
+
+    BINDINGS = [
+        Binding("t", "choose('SIGTERM')", "SIGTERM"),
+        Binding("9", "choose('SIGKILL')", "SIGKILL"),
+        Binding("u", "choose('SIGUSR2')", "SIGUSR2"),
+        Binding("n,escape", "choose('')", "cancel"),
+    ]
+    DEFAULT_CSS = """
+    SignalScreen { align: center middle; }
+    SignalScreen > Vertical { width: 100; height: auto; border: thick $warning;
+                              background: $surface; padding: 1 2; }
+    SignalScreen Horizontal { height: auto; margin-top: 1; }
+    SignalScreen Button { margin-right: 2; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(safe.text(self.question))
+            with Horizontal():
+                yield Button(Text("SIGTERM (t)"), id="SIGTERM", variant="warning")
+                yield Button(Text("SIGKILL (9)"), id="SIGKILL", variant="error")
+                yield Button(Text("SIGUSR2: stack dump (u)"), id="SIGUSR2")
+                yield Button(Text("Cancel"), id="cancel")
+            yield Static(Text("\nt / 9 / u = send    n / esc = cancel", style="dim"))
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()  # Enter cancels: a signal is chosen
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_choose(event.button.id or "")
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice if choice in PROCESS_SIGNALS else None)
+
+
+class ThreadsScreen(Screen[None]):
+    BINDINGS = [
+        Binding("escape,q", "app.pop_screen", "back"),
+        Binding("s", "sort", "sort by CPU"),
+        Binding("j", "down", "down", show=False),
+        Binding("k", "up", "up", show=False),
+    ]
+    DEFAULT_CSS = """
+    ThreadsScreen #meters { background: $panel; padding: 0 1; height: auto; }
+    ThreadsScreen #group { padding: 0 1; color: $text-muted; height: auto; }
+    ThreadsScreen DataTable { height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_cpu = False
+        self._drawn: tuple[int, bool] | None = None
+        self.rows: dict[str, thread_table.ThreadRow | thread_table.ProcRow] = {}
+
+    @property
+    def dapp(self) -> Any:
+        """The DFlashApp (its store, link and control runner); typed loosely: a widget may
+        not import the app."""
+        return self.app
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="meters")
+        yield Static(id="group")
+        yield DataTable(cursor_type="row", zebra_stripes=True, id="threads")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns(*COLUMNS, WAITS_COLUMN)
+        self.refresh_rows()
+        self.set_interval(REFRESH_S, self.refresh_rows)
+        table.focus()
+
+    def refresh_rows(self, force: bool = False) -> None:
+        store = self.dapp.store
+        self.query_one("#meters", Static).update(Text("\n".join(thread_table.meters(store.host))))
+        state = (store.version, self.by_cpu)
+        if not force and state == self._drawn:
+            return
+        self._drawn = state
+        self.query_one("#group", Static).update(safe.text(thread_table.group_note(store)))
+        threads, procs = thread_table.thread_rows(store), thread_table.proc_rows(store)
+        if self.by_cpu:
+            threads, procs = thread_table.by_cpu(threads, procs)
+        table = self.query_one(DataTable)
+        keep = self._cursor_key(table)
+        table.clear()
+        self.rows = {}
+        rows: list[thread_table.ThreadRow | thread_table.ProcRow] = [*threads, *procs]
+        for r in rows:
+            cells = _thread_cells(r) if isinstance(r, thread_table.ThreadRow) else _proc_cells(r)
+            table.add_row(*cells, key=r.key)
+            self.rows[r.key] = r
+        if keep in self.rows:
+            table.move_cursor(row=list(self.rows).index(keep))
+
+    @staticmethod
+    def _cursor_key(table: DataTable[Any]) -> str | None:
+        if table.row_count == 0:
+            return None
+        try:
+            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        except Exception:  # no row under the cursor
+            return None
+
+    def action_sort(self) -> None:
+        self.by_cpu = not self.by_cpu
+        self.refresh_rows(force=True)
+        self.dapp.notify("sorted by CPU" if self.by_cpu else "in pipeline order", timeout=2)
+
+    def action_down(self) -> None:
+        self.query_one(DataTable).action_cursor_down()
+
+    def action_up(self) -> None:
+        self.query_one(DataTable).action_cursor_up()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        row = self.rows.get(str(event.row_key.value))
+        if isinstance(row, thread_table.ThreadRow):
+            self.show_stack(row.name)
+        elif isinstance(row, thread_table.ProcRow) and row.signalled:
+            self.offer_signal(row.info, row.role == thread_table.PROC_TRAINER)
+        elif isinstance(row, thread_table.ProcRow):
+            self.dapp.notify(
+                f"pid {row.info.pid} is the launch wrapper, in a process group of its own: "
+                "not signalled from here (k stops the run; the wrapper then exits)",
+                severity="warning",
+                timeout=8,
+            )
+
+    def show_stack(self, name: str) -> None:
+        app = self.dapp
+
+        async def run() -> None:
+            st = await control.dump_stacks(app.link, pyspy=False, run_id=app.store.run_id)
+            section = thread_table.thread_section(st.text, name)
+            body = (
+                section
+                if section is not None
+                else (
+                    f"# thread {name!r} is not in this dump (it has ended?): the whole dump\n"
+                    + st.text
+                )
+            )
+            await app.push_screen(
+                TextScreen(f"Stack of thread {name} — pid {st.pid}, {st.path}", body)
+            )
+
+        app._control("dump stacks", run)
+
+    def offer_signal(self, p: ProcInfo, leader: bool) -> None:
+        app = self.dapp
+        store = app.store
+        what = "the run's trainer" if leader else "a process of the run's group"
+        question = (
+            f"Signal pid {p.pid} ({p.name}), {what} (run {store.run_id})? The agent sends it "
+            f"only if pid {p.pid} still lives, started at the same tick ({p.start}), in the "
+            "run's proven process group."
+        )
+
+        async def run() -> None:
+            choice = await app.push_screen_wait(SignalScreen(question))
+            if choice is None:
+                return
+            done = await control.signal_process(
+                app.link, p.pid, p.start, choice, run_id=store.run_id
+            )
+            app.notify(done.message, title="signal", timeout=8)
+
+        app._control("signal", run)
