@@ -254,7 +254,7 @@ class Agent:
             for offset, end, text in lines:
                 self.out.emit(Line(run_id=run_id, file=name, offset=offset, end=end, text=text))
 
-    def set_follow(self, run_id: str, offsets: dict[str, int]) -> None:
+    def set_follow(self, run_id: str, offsets: dict[str, int], resumed: bool = False) -> None:
         d = self.runs.run_dir(run_id)
         followers = {}
         for name in FOLLOWED_FILES:
@@ -269,7 +269,7 @@ class Agent:
             self.followers = followers
             self.heartbeat = HeartbeatWatch(os.path.join(d, HEARTBEAT))
             self.last_liveness = None
-        self.out.emit(Follow(run_id=run_id, run_dir=d))
+        self.out.emit(Follow(run_id=run_id, run_dir=d, resumed=resumed))
 
     def follow_nothing(self) -> None:
         with self.lock:
