@@ -223,6 +223,8 @@ class DFlashApp(App[int]):
         self.query_one(Plots).update_from(s)
         log = self.query_one(StepLog)
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")
+        if log.window is not None:  # paged back (log_pages.py): where in the file, and out
+            title = f"Step log  [train.log from byte {log.window.start:,}: G for the newest]"
         if log.pattern:
             title += f"  [filter: {log.pattern}]"
         self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
@@ -391,14 +393,18 @@ class DFlashApp(App[int]):
         if run_id is None or self.link is None:
             return
 
-        async def run() -> None:
-            page = await control.read_page(
-                self.link, "train.log", run_id, message.start, message.end, log_pages.PAGE_BYTES
-            )
-            self.query_one(StepLog).show_page(page.text, page.start, page.end, self.store)
-            self.redraw(force=True)
+        async def run() -> None:  # read only: not held up by a kill or restart in flight
+            try:
+                page = await control.read_page(
+                    self.link, "train.log", run_id, message.start, message.end, log_pages.PAGE_BYTES
+                )
+            except (LinkError, ControlError) as e:
+                self.notify(f"page the log: {e}", severity="error", timeout=8)
+                return
+            with contextlib.suppress(NoMatches):
+                self.query_one(StepLog).show_page(page.text, page.start, page.end, self.store)
 
-        self._control("page the log", run)
+        self.run_worker(run(), group="log-pages", exclusive=True)
 
     async def _follow(self, run_id: str) -> None:
         await control.follow(self.link, run_id)

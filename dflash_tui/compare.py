@@ -21,8 +21,9 @@ from trainer.contract.protocol import RunInfo
 from trainer.contract.records import MetricsRow, parse_metrics_line
 
 # The last this many bytes of each run's metrics.jsonl are read (a few thousand rows): the
-# final figures and the curves' recent part, bounded whatever the run's length.
-METRICS_BYTES = 4 << 20
+# final figures and the curves' recent part, bounded whatever the run's length (and, JSON
+# escaped in the answer, well under the contract's MAX_LINE_BYTES).
+METRICS_BYTES = 2 << 20
 # config.json's `run` holds what differs between every two runs (id, pid, argv, times) and
 # the environment, which is compared on its own (Environment.differences).
 CONFIG_SKIP = ("run",)

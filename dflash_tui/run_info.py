@@ -42,12 +42,16 @@ def describe(
             )
         e = run.exit
         if e is not None:
-            lines.append(
-                f"exit     {e.describe()}; ended {_when(e.ended_at)} in {e.final_phase or '?'}"
-                f" at step {e.step if e.step is not None else '?'}"
-                + (f" of {e.total_steps}" if e.total_steps else "")
-                + (f"; last checkpoint {e.checkpoint}" if e.checkpoint else "")
-            )
+            how = [e.describe()]
+            if e.ended_at:
+                how.append(f"ended {_when(e.ended_at)}")
+            if e.final_phase or e.step is not None:
+                of = f" of {e.total_steps}" if e.total_steps else ""
+                step = f" at step {e.step}{of}" if e.step is not None else ""
+                how.append(f"in {e.final_phase or '?'}{step}")
+            if e.checkpoint:
+                how.append(f"last checkpoint {e.checkpoint}")
+            lines.append("exit     " + "; ".join(how))
         elif run.alive:
             lines.append("exit     — (alive)")
         if run.resume is not None:

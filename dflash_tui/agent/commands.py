@@ -60,6 +60,7 @@ def ping(agent: Agent, cmd: Ping) -> dict[str, Any]:
 def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
     target = cmd.run_id or "latest"
     agent.follow_target = target
+    agent.from_start = list(cmd.from_start)  # and for the runs "latest" moves on to
     run_id = agent.runs.latest() if target == "latest" else target
     if run_id is None:
         agent.follow_nothing()

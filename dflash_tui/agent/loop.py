@@ -72,6 +72,7 @@ class Agent:
         # What is followed. The follow command (loop thread) and the file poll share it.
         self.lock = threading.Lock()
         self.follow_target: str | None = None  # a run id or "latest"; None until asked
+        self.from_start: list[str] = []  # files followed from byte 0 (FollowRun.from_start)
         self.run_id: str | None = None
         self.followers: dict[str, FileFollower] = {}
         self.heartbeat: HeartbeatWatch | None = None
@@ -286,7 +287,7 @@ class Agent:
                 self.log("warning", f"{os.path.join(self.runs.path, name)} is {why}")
         self.said_refused = dict(self.runs.refused)
         if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
-            self.set_follow(ids[-1], {})
+            self.set_follow(ids[-1], dict.fromkeys(self.from_start, 0))
         sig = (tuple(ids), alive)
         now = time.time()
         if sig != self.last_runs or now - self.last_runs_at > RUNS_EVERY_S:

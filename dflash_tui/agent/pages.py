@@ -12,6 +12,10 @@ from typing import Any
 
 from dflash_tui.agent.files import open_in
 
+# The most one page reads, whatever was asked: its answer, JSON-escaped, must stay well under
+# the contract's MAX_LINE_BYTES (a train.log of tracebacks escapes to ~1.3x its size).
+PAGE_MAX_BYTES = 4 << 20
+
 
 def read_page(
     folder: str, name: str, start: int | None, end: int | None, max_bytes: int
@@ -20,7 +24,7 @@ def read_page(
     `folder/name`, at most `max_bytes` of them: those nearest `end` when only `end` is given
     (paging back), else those from `start` on. `start` in the answer is the offset of the
     first line given, `end` the byte after the last one; an empty page has start == end."""
-    max_bytes = max(1, max_bytes)
+    max_bytes = max(1, min(max_bytes, PAGE_MAX_BYTES))
     with os.fdopen(open_in(folder, name), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         hi = size if end is None else max(0, min(end, size))

@@ -42,7 +42,7 @@ class CompareScreen(Screen[None]):
             for field, _ in CURVES:
                 yield PlotextPlot(id=f"cmp-{field}")
         with VerticalScroll():
-            yield Static(safe.text("\n".join(compare.describe(self.runs))), id="differences")
+            yield Static(safe.log_text("\n".join(compare.describe(self.runs))), id="differences")
         yield Footer()
 
     def on_mount(self) -> None:

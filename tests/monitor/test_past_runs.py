@@ -162,6 +162,9 @@ def test_an_older_run_opens_with_its_whole_log_plots_and_info(run_root, monkeypa
             await wait_for(pilot, lambda: "step=10 loss=11.6682" in log_text(log), "next page")
             assert log_text(log).startswith("run dir: ")
             assert len(log_text(log).encode()) < len(older.encode())  # pages, not the file
+            await pilot.pause(0.5)  # a redraw: the title says where in the file it is
+            title = static_text(app.query_one("#log-title"))
+            assert "train.log from byte 0: G for the newest" in title
 
             # the plots: metrics.jsonl from its first row, though it is past the tail
             assert [m.step for m in app.store.metrics] == [10, 20, 30, 40]
@@ -183,6 +186,7 @@ def test_an_older_run_opens_with_its_whole_log_plots_and_info(run_root, monkeypa
             await wait_for(pilot, lambda: STOPPED in log_text(log), "the newest run again")
             assert FINISHED not in log_text(log)
             assert [m.step for m in app.store.metrics] == [10, 20, 30, 40, 50]
+            assert static_text(app.query_one("#log-title")) == "Step log"
 
     asyncio.run(go())
 
