@@ -106,11 +106,13 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
     _common(p, target=name not in ("demo", "compare"))
     if name == "compare":
+        p.usage = "dflash-tui compare RUN RUN [RUN ...] [TARGET] [--json] [options]"
         p.add_argument(
             "items",
             nargs="+",
-            metavar="RUN [RUN ...] [TARGET]",
-            help="run ids (two or more), then the target (default local)",
+            metavar="RUN",
+            help="run ids (two or more; `dflash-tui runs` lists them), then TARGET (default "
+            "local): the last one is the target when it is not shaped like a run id",
         )
     if name == "launch":
         p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
@@ -341,10 +343,10 @@ RUN_ID_SHAPE = r"^\d{8}-\d{6}-"  # how the agent names run dirs: YYYYMMDD-HHMMSS
 
 def compare_items(items: list[str]) -> tuple[list[str], str | None]:
     """`compare RUN RUN [...] [TARGET]`: (the run ids, the target). The last item is the
-    target when it is not shaped like a run id and two runs come before it."""
+    target when it is not shaped like a run id (`local`, `ssh://…`, an alias)."""
     import re
 
-    if len(items) >= 3 and not re.match(RUN_ID_SHAPE, items[-1]):
+    if len(items) >= 2 and not re.match(RUN_ID_SHAPE, items[-1]):
         return items[:-1], items[-1]
     return items, None
 

@@ -94,7 +94,8 @@ def environment_differences(runs: list[RunData]) -> dict[str, list[str]]:
         env = r.info.environment
         if base is None or env is None:
             if base is not env:
-                out[r.info.run_id] = ["no environment recorded for one of the two"]
+                lacks = runs[0].info.run_id if base is None else r.info.run_id
+                out[r.info.run_id] = [f"{lacks} has no environment recorded"]
             continue
         diffs = env.differences(base)
         if diffs:
@@ -159,6 +160,9 @@ def describe(runs: list[RunData]) -> list[str]:
         if r.config_error:
             lines.append(f"  ({r.info.run_id}: {r.config_error})")
     env = environment_differences(runs)
+    if all(r.info.environment is None for r in runs):
+        lines.append("environment differences: not recorded (trainers from before the fingerprint)")
+        return lines
     lines.append("environment differences" + ("" if env else ": none"))
     for run_id, what in env.items():
         lines.append(f"  {run_id} vs {runs[0].info.run_id}: {'; '.join(what)}")

@@ -6,6 +6,7 @@ train.max_steps and train.checkpoint_every), the real Textual app under Pilot, t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -253,5 +254,41 @@ def test_compare_command(run_root):
     r = cli("compare", FINISHED, "20261201-000000-nope-0000", *where)
     assert r.returncode == 2
     assert r.stderr.strip() == "dflash-tui: no run '20261201-000000-nope-0000' under the run root"
-    r = cli("compare", FINISHED, *where)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    r = cli("compare", FINISHED, *where)  # `local` is the target: one run is no comparison
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "dflash-tui: compare needs two or more run ids (dflash-tui runs lists them)"
+    )
+
+
+# -- environment differences ----------------------------------------------------------------
+def test_environment_differences_name_what_changed_between_recorded_runs():
+    """The two runs of the recorded `fingerprinted` scenario carry the real fingerprint (the
+    same machine: the same environment). Edit, as test_environment.py does: the earlier
+    run's transformers and fla as an older install had them."""
+    from test_diagnosis import events, of_type, store
+
+    from dflash_tui import compare
+
+    evs = events("recorded/fingerprinted.jsonl")
+    same = [compare.RunData(r) for r in store(evs).runs]
+    assert len(same) == 2 and all(r.info.environment is not None for r in same)
+    assert compare.environment_differences(same) == {}
+    assert "environment differences: none" in compare.describe(same)
+
+    earlier = of_type(evs, "runs")[-1]["runs"][0]["environment"]
+    earlier["transformers"] = "5.17.0"
+    earlier["fast_kernels"] = {**earlier["fast_kernels"], "fla": "0.4.1"}
+    runs = [compare.RunData(r) for r in store(evs).runs]
+    later = runs[1].info
+    now_tf = later.environment.transformers if later.environment else None
+    assert compare.environment_differences(runs) == {
+        later.run_id: [f"transformers 5.17.0 → {now_tf}", "fla missing"]
+    }
+    assert (
+        f"  {later.run_id} vs {runs[0].info.run_id}: transformers 5.17.0 → {now_tf}; fla missing"
+        in compare.describe(runs)
+    )
+
+    old = [compare.RunData(dataclasses.replace(r.info, environment=None)) for r in runs]
+    assert compare.describe(old)[-1].startswith("environment differences: not recorded")
