@@ -59,7 +59,8 @@ class CompareScreen(Screen[None]):
                     plt.plot(
                         steps,
                         ys,
-                        label=r.info.run_id,
+                        # the legend once (the first plot); the key line above says it too
+                        label=r.info.run_id if field == CURVES[0][0] else None,
                         color=RUN_COLOURS[i % len(RUN_COLOURS)],
                         marker="braille",
                     )

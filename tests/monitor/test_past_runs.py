@@ -70,6 +70,10 @@ def test_read_page_gives_whole_lines_of_a_byte_range():
         pages.insert(0, page["text"])
         end = page["start"]
     assert "".join(pages).encode() == data
+    # a range outside the file is clamped to it, and a page never exceeds what was asked
+    assert read_page(folder, "train.log", -5, None, 300)["start"] == 0
+    assert read_page(folder, "train.log", None, 10**9, 300)["end"] == len(data)
+    assert read_page(folder, "train.log", 10**9, None, 300)["text"] == ""
 
 
 def test_window_joins_pages_and_stays_bounded(monkeypatch):
