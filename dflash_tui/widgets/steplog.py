@@ -1,10 +1,10 @@
 """The step log: a live tail of train.log with the fields highlighted, follow/pause and a
 filter. Bounded: the store keeps a ring buffer, the widget a fixed number of lines.
 
-Paged back (g / Home: the file's first page; PageUp at the top: the page before): the widget
-asks the app for a page by byte range (`PageWanted`) and shows that window of the file
-(dflash_tui/log_pages.py), then the store's tail where the two join; f or G / End goes back
-to following the newest lines."""
+Paged back (g / Home: the file's first page; PageUp at the top: the page before; PageDown at
+the bottom: the page after): the widget asks the app for a page by byte range (`PageWanted`)
+and shows that window of the file (dflash_tui/log_pages.py), then the store's tail where the
+two join; f or G / End goes back to following the newest lines."""
 
 from __future__ import annotations
 
@@ -105,19 +105,18 @@ class StepLog(RichLog):
         return self._store.log_start() if self._store is not None else None
 
     def show_page(self, text: str, start: int, end: int, s: Store) -> None:
-        """A fetched page: joined before the window (paging back) or as a new one (g)."""
+        """A fetched page: joined after the window (paging forward), before it (paging
+        back), or as a new one (g)."""
         if s.run_id != self._run_id or s.follows != self._follows:
             return  # another run was chosen while it was on its way
         w = self.window
         self.following = False
         if w is not None and w.lines and start == w.end and start > 0:
-            before = len(w.lines)
             w.append(text, start, end)
             self.rebuild(s)
-            # where the new page begins: the lines dropped from the top moved it up
-            self.scroll_to(
-                y=max(0, before - (len(w.lines) - len(page_lines(text, start))) - 1), animate=False
-            )
+            # at the new page's first line (a line of the one before above it, for context)
+            first_new = len(w.lines) - len(page_lines(text, start))
+            self.scroll_to(y=max(0, first_new - 1), animate=False)
             return
         if w is None or end != w.start:
             self.window = w = Window()
@@ -136,7 +135,8 @@ class StepLog(RichLog):
             lines += [t for o, t in zip(s.log_offsets, s.log_lines, strict=False) if o >= w.end]
         else:
             lines.append(
-                f"… more of train.log after byte {w.end:,}: PageUp pages, G / End the newest"
+                f"… more of train.log after byte {w.end:,}: PageDown for the next page, "
+                "G / End for the newest"
             )
         return lines
 
