@@ -6,6 +6,7 @@ train.max_steps and train.checkpoint_every), the real Textual app under Pilot, t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from monitor_helpers import Remote
 
 from dflash_tui import control, log_pages
 from dflash_tui.agent.pages import read_page
@@ -296,3 +298,56 @@ def test_environment_differences_name_what_changed_between_recorded_runs():
 
     old = [compare.RunData(dataclasses.replace(r.info, environment=None)) for r in runs]
     assert compare.describe(old)[-1].startswith("environment differences: not recorded")
+
+
+# -- the live run, left and come back to ----------------------------------------------------
+@pytest.fixture
+def live_beside_recorded(run_root):
+    """The recorded runs, and a real tiny trainer alive beside them (the newest run)."""
+    from monitor_helpers import NO_WANDB, TINY
+    from test_control_local import deploy
+
+    from trainer.contract.protocol import Kill, Launch
+
+    r = Remote(run_root)
+    try:
+        deploy(r)
+        cmd = Launch(
+            config_toml=TINY.read_text(),
+            name="tiny-cpu",
+            overrides=[NO_WANDB, "train.max_steps=100000"],
+        )
+        run_id = r.request(cmd)["run_id"]
+        r.wait(lambda s: s.heartbeat and s.heartbeat.phase == "training", 120, "training")
+        yield run_root, run_id
+    finally:
+        with contextlib.suppress(Exception):
+            r.request(Kill(timeout_s=10, drain_timeout_s=5), timeout=40)
+        r.close()
+
+
+def test_going_back_to_the_live_run(live_beside_recorded):
+    target, live = live_beside_recorded
+
+    async def go():
+        app = DFlashApp(target, theme_name="dark")
+        async with app.run_test(size=SIZE) as pilot:
+            log = app.query_one(StepLog)
+            await wait_for(pilot, lambda: f"runs/{live}" in log_text(log), "the live run's log")
+            await wait_for(pilot, lambda: "step=" in log_text(log), "its step lines", 120)
+            await choose_run(pilot, app, FINISHED)
+            await wait_for(pilot, lambda: f"{FINISHED}/wandb" in log_text(log), "the older run")
+            assert live not in log_text(log)
+
+            await choose_run(pilot, app, live)
+            await wait_for(pilot, lambda: f"runs/{live}" in log_text(log), "the live run again")
+            shown = log_text(log)
+            assert shown.startswith("run dir: ") and FINISHED not in shown  # from its start
+            assert app.store.process_alive() is not False
+            # and it goes on: new step lines keep coming into the log
+            seen = app.store.log_total
+            await wait_for(pilot, lambda: app.store.log_total > seen, "new lines", 120)
+            await wait_for(pilot, lambda: app.store.metrics, "its metrics rows", 120)
+            assert app.store.metrics[0].step == app.store.step_lines[0].step  # from the first
+
+    asyncio.run(go())
