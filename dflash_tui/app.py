@@ -205,9 +205,11 @@ class DFlashApp(App[int]):
     def _redraw(self, force: bool) -> None:
         s = self.store
         if not force and s.version == self._drawn_version:
-            # Nothing new, but ages (heartbeat, time in phase) still move.
+            # Nothing new, but ages (heartbeat, time in phase) still move, and the log's
+            # keys (paging, follow) change its title without a change in the store.
             self.query_one(StatusBar).update_from(s)
             self.query_one(HeartbeatPane).update_from(s)
+            self._log_title()
             return
         self._drawn_version = s.version
         self.query_one(StatusBar).update_from(s)
@@ -221,13 +223,20 @@ class DFlashApp(App[int]):
         if self.notifier is not None:
             self.notifier.update(findings, s.run_id)
         self.query_one(Plots).update_from(s)
+        self._log_title()
+
+    _shown_log_title = ""
+
+    def _log_title(self) -> None:
         log = self.query_one(StepLog)
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")
         if log.window is not None:  # paged back (log_pages.py): where in the file, and out
             title = f"Step log  [train.log from byte {log.window.start:,}: G for the newest]"
         if log.pattern:
             title += f"  [filter: {log.pattern}]"
-        self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
+        if title != self._shown_log_title:  # drawn on a change only
+            self._shown_log_title = title
+            self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
 
     def notify(
         self,
