@@ -23,7 +23,7 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import control, sanitize, themes
+from dflash_tui import compare, control, log_pages, run_info, sanitize, themes
 from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
@@ -33,6 +33,7 @@ from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
@@ -67,6 +68,8 @@ class DFlashApp(App[int]):
         Binding("f", "follow", "follow"),
         Binding("t", "next_theme", "theme"),
         Binding("T", "threads", "threads"),
+        Binding("i", "run_info", "run info", show=False),
+        Binding("g", "log_top", "top of log", show=False),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
@@ -128,7 +131,9 @@ class DFlashApp(App[int]):
         ("Kill the run", "SIGTERM its process group, then SIGKILL (k)", "kill"),
         ("Dump stacks", "every thread's stack, and py-spy where installed (d)", "dump_stacks"),
         ("Clear the compile cache", "refused while a run is alive (c)", "clear_cache"),
-        ("Choose a run", "the runs under the run root (l)", "runs"),
+        ("Choose a run", "the runs under the run root; space marks, c compares (l)", "runs"),
+        ("Run info", "the run's config, environment and exit (i)", "run_info"),
+        ("Top of the step log", "train.log from its first line, paged (g)", "log_top"),
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
@@ -207,9 +212,11 @@ class DFlashApp(App[int]):
     def _redraw(self, force: bool) -> None:
         s = self.store
         if not force and s.version == self._drawn_version:
-            # Nothing new, but ages (heartbeat, time in phase) still move.
+            # Nothing new, but ages (heartbeat, time in phase) still move, and the log's
+            # keys (paging, follow) change its title without a change in the store.
             self.query_one(StatusBar).update_from(s)
             self.query_one(HeartbeatPane).update_from(s)
+            self._log_title()
             return
         self._drawn_version = s.version
         self.query_one(StatusBar).update_from(s)
@@ -223,11 +230,20 @@ class DFlashApp(App[int]):
         if self.notifier is not None:
             self.notifier.update(findings, s.run_id)
         self.query_one(Plots).update_from(s)
+        self._log_title()
+
+    _shown_log_title = ""
+
+    def _log_title(self) -> None:
         log = self.query_one(StepLog)
         title = "Step log" + ("" if log.following else "  [paused: f to follow]")
+        if log.window is not None:  # paged back (log_pages.py): where in the file, and out
+            title = f"Step log  [train.log from byte {log.window.start:,}: G for the newest]"
         if log.pattern:
             title += f"  [filter: {log.pattern}]"
-        self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
+        if title != self._shown_log_title:  # drawn on a change only
+            self._shown_log_title = title
+            self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
 
     def notify(
         self,
@@ -359,12 +375,52 @@ class DFlashApp(App[int]):
         self._control("clear cache", run)
 
     def action_runs(self) -> None:
-        def chosen(run_id: str | None) -> None:
-            if run_id and self.link is not None:
-                self.link.follow_target = run_id
-                self._control("follow", lambda: self._follow(run_id))
+        def chosen(choice: str | list[str] | None) -> None:
+            if isinstance(choice, list):
+                self._control("compare", lambda: self._compare(choice))
+            elif choice and self.link is not None:
+                self.link.follow_target = choice
+                self._control("follow", lambda: self._follow(choice))
 
         self.push_screen(RunsScreen(self.store.runs, self.store.run_id), chosen)
+
+    async def _compare(self, run_ids: list[str]) -> None:
+        runs = await compare.fetch_runs(self.link, self.store.runs, run_ids)
+        await self.push_screen(CompareScreen(runs))
+
+    def action_run_info(self) -> None:
+        run_id = self.store.run_id
+        if run_id is None:
+            self.notify("no run followed yet", severity="warning")
+            return
+
+        async def run() -> None:
+            lines = await run_info.fetch(self.link, self.store, run_id)
+            await self.push_screen(TextScreen(f"Run {run_id}", "\n".join(lines)))
+
+        self._control("run info", run)
+
+    def action_log_top(self) -> None:
+        with contextlib.suppress(NoMatches):
+            self.query_one(StepLog).action_log_top()
+
+    def on_step_log_page_wanted(self, message: StepLog.PageWanted) -> None:
+        run_id = self.store.run_id
+        if run_id is None or self.link is None:
+            return
+
+        async def run() -> None:  # read only: not held up by a kill or restart in flight
+            try:
+                page = await control.read_page(
+                    self.link, "train.log", run_id, message.start, message.end, log_pages.PAGE_BYTES
+                )
+            except (LinkError, ControlError) as e:
+                self.notify(f"page the log: {e}", severity="error", timeout=8)
+                return
+            with contextlib.suppress(NoMatches):
+                self.query_one(StepLog).show_page(page.text, page.start, page.end, self.store)
+
+        self.run_worker(run(), group="log-pages", exclusive=True)
 
     async def _follow(self, run_id: str) -> None:
         await control.follow(self.link, run_id)

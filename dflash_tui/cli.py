@@ -7,6 +7,7 @@
     dflash-tui fleet [--headless [--once] [--json] [--interval S]]
     dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
                 export} [TARGET] [options]
+    dflash-tui compare RUN RUN [...] [TARGET] [--json]
 
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
@@ -44,6 +45,8 @@ SUBCOMMANDS = {
     "the host's GPU runs saved, for deploy to ship",
     "fleet": "every target of ~/.config/dflash-tui/config.toml on one screen (Enter opens "
     "one); --headless --once: a line each, exit with the worst status",
+    "compare": "compare two or more runs: what differs in their configs and environments, "
+    "and each one's steps, final loss/acc, median tok/s, outcome, best τ",
     "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
     "SGLang load it, into <remote-dir>/exports/ on the host",
 }
@@ -112,7 +115,16 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         h.add_argument("--interval", type=float, default=2.0, help="seconds between snapshots")
         p.add_argument("--theme", help="TUI theme (as for the dashboard)")
         return p
-    _common(p, target=name != "demo")
+    _common(p, target=name not in ("demo", "compare"))
+    if name == "compare":
+        p.usage = "dflash-tui compare RUN RUN [RUN ...] [TARGET] [--json] [options]"
+        p.add_argument(
+            "items",
+            nargs="+",
+            metavar="RUN",
+            help="run ids (two or more; `dflash-tui runs` lists them), then TARGET (default "
+            "local): the last one is the target when it is not shaped like a run id",
+        )
     if name == "launch":
         p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
     if name in ("launch", "demo"):
@@ -330,9 +342,43 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
         elif name == "runs":
             runs = await control.list_runs(link, store)
             print(_fmt_runs(runs, env=getattr(args, "env", False)))
+        elif name == "compare":
+            return await _compare(link, store, args)
         return 0
 
     return work
+
+
+RUN_ID_SHAPE = r"^\d{8}-\d{6}-"  # how the agent names run dirs: YYYYMMDD-HHMMSS-NAME-xxxx
+
+
+def compare_items(items: list[str]) -> tuple[list[str], str | None]:
+    """`compare RUN RUN [...] [TARGET]`: (the run ids, the target). The last item is the
+    target when it is not shaped like a run id (`local`, `ssh://…`, an alias)."""
+    import re
+
+    if len(items) >= 2 and not re.match(RUN_ID_SHAPE, items[-1]):
+        return items[:-1], items[-1]
+    return items, None
+
+
+async def _compare(link: Link, store: Store, args: argparse.Namespace) -> int:
+    import json
+
+    from dflash_tui import compare, control
+
+    runs = await control.list_runs(link, store)
+    try:
+        data = await compare.fetch_runs(link, runs, args.run_ids)
+    except compare.UnknownRun as e:
+        _err(str(e))
+        return 2
+    if args.json:
+        print(json.dumps(compare.to_json(data), default=str))  # JSON escapes what the host wrote
+    else:
+        for line in compare.describe(data):
+            _out(line)
+    return 0
 
 
 async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
@@ -485,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(_fleet(args))
             if name == "status" and args.run_dir:
                 return _status_of_run_dir(args)
+            if name == "compare":
+                args.run_ids, args.target = compare_items(args.items)
+                if len(args.run_ids) < 2:
+                    _err("compare needs two or more run ids (dflash-tui runs lists them)")
+                    return 2
             target = target_from(args, args.target)
             if name == "status":
                 args.once = True

@@ -31,6 +31,7 @@ from trainer.contract.codehash import code_hash
 from trainer.contract.outcomes import CRASH, FINISHED, KILLED, STOPPED_EARLY, Outcome
 from trainer.contract.protocol import (
     ARTIFACT_CHUNK,
+    FROM_START_FILES,
     ClearCompileCache,
     Command,
     Deploy,
@@ -449,10 +450,38 @@ async def list_runs(link: Requester, store: Store) -> list[RunInfo]:
 
 async def follow(link: Requester, run_id: str) -> str | None:
     """Follow `run_id` ("latest": the newest run, switching when a new one starts)."""
-    cmd = FollowRun(run_id=run_id)
+    cmd = FollowRun(run_id=run_id, from_start=list(FROM_START_FILES))
     return _answer(Followed, cmd, await link.request(cmd)).run_id
 
 
-async def read_file(link: Requester, name: str, run_id: str | None = None) -> FileText:
+async def read_file(
+    link: Requester, name: str, run_id: str | None = None, tail_bytes: int | None = None
+) -> FileText:
     cmd = ReadFile(name=name, run_id=run_id)
+    if tail_bytes is not None:
+        cmd.tail_bytes = tail_bytes
     return _answer(FileText, cmd, await link.request(cmd))
+
+
+@dataclasses.dataclass
+class FilePage:
+    run_id: str
+    name: str
+    text: str
+    start: int  # the first line's byte offset
+    end: int  # the byte after the last line
+    size: int  # the file's size as it was read
+
+
+async def read_page(
+    link: Requester,
+    name: str,
+    run_id: str | None,
+    start: int | None = None,
+    end: int | None = None,
+    max_bytes: int = 1 << 18,
+) -> FilePage:
+    """The whole lines of `name` within [start, end), at most `max_bytes` (nearest `end`
+    when only it is given): a page of a long file, never the file."""
+    cmd = ReadFile(name=name, run_id=run_id, tail_bytes=max_bytes, start=start, end=end)
+    return _answer(FilePage, cmd, await link.request(cmd))

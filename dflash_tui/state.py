@@ -112,6 +112,9 @@ class Store:
         self.heartbeat_error: str | None = None
         self.heartbeats: list[Heartbeat] = []  # the bounded history, oldest first
         self.log_lines: deque[str] = deque(maxlen=log_capacity)
+        # train.log's byte offset of each kept line (log_lines' twin): where the step log
+        # pages back from when it scrolls past the kept tail (dflash_tui/log_pages.py).
+        self.log_offsets: deque[int] = deque(maxlen=log_capacity)
         self.log_total = 0  # train.log lines ever received for this run (views count from it)
         self.step_lines: deque[StepLine] = deque(maxlen=log_capacity)
         self.last_step_line_at: float | None = None  # agent time the last step line arrived
@@ -123,6 +126,7 @@ class Store:
         self.liveness: Liveness | None = None
         self.notes: deque[tuple[float, str, str]] = deque(maxlen=200)
         self.follow_received = False
+        self.follows = 0  # fresh follows so far: a view keyed on it redraws from scratch
         self.malformed = 0  # lines, events and records skipped as unreadable
         self.malformed_last: str | None = None  # why the last one was
 
@@ -209,12 +213,17 @@ class Store:
 
     def _on_follow(self, e: Follow) -> None:
         self.follow_received = True
-        if e.run_id != self.run_id:
+        # Another run, or this one followed afresh (its lines come again from the tail):
+        # nothing of what was folded before may stay. A resumed follow (a reconnect)
+        # continues where the last session stopped, so everything stays.
+        if e.run_id != self.run_id or not e.resumed:
+            self.follows += 1
             self.run_id = e.run_id
             self.heartbeat = None
             self.heartbeat_error = None
             self.heartbeats.clear()
             self.log_lines.clear()
+            self.log_offsets.clear()
             self.log_total = 0
             self.step_lines.clear()
             self.metrics.clear()
@@ -253,6 +262,7 @@ class Store:
             return
         if e.file == "train.log":
             self.log_lines.append(e.text)
+            self.log_offsets.append(e.offset)
             self.log_total += 1
             line = parse_step_line(e.text)
             if line is not None:
@@ -274,6 +284,11 @@ class Store:
             self.launch_log.append(e.text)
 
     # -- derived ---------------------------------------------------------------------
+    def log_start(self) -> int | None:
+        """train.log's byte offset of the oldest kept line (0: the store has it from its
+        first line); None before any line."""
+        return self.log_offsets[0] if self.log_offsets else None
+
     def heartbeat_age(self, now: float | None = None) -> float | None:
         if self.heartbeat is None:
             return None

@@ -15,6 +15,7 @@ One job per module:
   loop      the select loop: the followed run's files, the runs list, liveness, dispatch
   files     reading a run's files (never through a symlink, never blocked by a FIFO); one
             file's new lines, heartbeat.json changes, inotify
+  pages     a page of a run's file by byte range (the step log paged back to its start)
   gpus      NVML, else nvidia-smi, else a clear "no GPU"
   host      the host: CPUs, load, CPU use, memory, free disk under the run root
   procs     what /proc says about a process: alive, started when, in which group, which locks

@@ -21,6 +21,7 @@ from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
+from dflash_tui.agent.pages import read_page
 from dflash_tui.agent.proc_table import signal_member
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
@@ -61,16 +62,18 @@ def ping(agent: Agent, cmd: Ping) -> dict[str, Any]:
 def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
     target = cmd.run_id or "latest"
     agent.follow_target = target
+    agent.from_start = list(cmd.from_start)  # and for the runs "latest" moves on to
     run_id = agent.runs.latest() if target == "latest" else target
     if run_id is None:
         agent.follow_nothing()
         return {"run_id": None}
     agent.runs.checked_dir(run_id)
     # Offsets from an earlier session apply to the run they were read from only.
-    offsets = cmd.offsets
-    if cmd.offsets_run_id is not None and cmd.offsets_run_id != run_id:
-        offsets = {}
-    agent.set_follow(run_id, offsets)
+    resumed = cmd.offsets_run_id is not None and cmd.offsets_run_id == run_id
+    offsets = dict(cmd.offsets) if resumed else {}
+    for name in cmd.from_start:
+        offsets.setdefault(name, 0)
+    agent.set_follow(run_id, offsets, resumed=resumed)
     return {"run_id": run_id}
 
 
@@ -89,7 +92,11 @@ def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
     if run_id is None:
         raise CommandError("no run to read from")
     run_dir = agent.runs.checked_dir(run_id)
+    paged = cmd.start is not None or cmd.end is not None
     try:
+        if paged:
+            page = read_page(run_dir, cmd.name, cmd.start, cmd.end, cmd.tail_bytes or 1 << 20)
+            return {"run_id": run_id, "name": cmd.name, **page}
         text = read_tail(run_dir, cmd.name, cmd.tail_bytes or 1 << 20)
     except FileNotFoundError:
         raise CommandError(f"{os.path.join(run_dir, cmd.name)}: no such file") from None

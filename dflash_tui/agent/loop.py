@@ -73,6 +73,7 @@ class Agent:
         # What is followed. The follow command (loop thread) and the file poll share it.
         self.lock = threading.Lock()
         self.follow_target: str | None = None  # a run id or "latest"; None until asked
+        self.from_start: list[str] = []  # files followed from byte 0 (FollowRun.from_start)
         self.run_id: str | None = None
         self.followers: dict[str, FileFollower] = {}
         self.heartbeat: HeartbeatWatch | None = None
@@ -273,7 +274,7 @@ class Agent:
             for offset, end, text in lines:
                 self.out.emit(Line(run_id=run_id, file=name, offset=offset, end=end, text=text))
 
-    def set_follow(self, run_id: str, offsets: dict[str, int]) -> None:
+    def set_follow(self, run_id: str, offsets: dict[str, int], resumed: bool = False) -> None:
         d = self.runs.run_dir(run_id)
         followers = {}
         for name in FOLLOWED_FILES:
@@ -288,7 +289,7 @@ class Agent:
             self.followers = followers
             self.heartbeat = HeartbeatWatch(os.path.join(d, HEARTBEAT))
             self.last_liveness = None
-        self.out.emit(Follow(run_id=run_id, run_dir=d))
+        self.out.emit(Follow(run_id=run_id, run_dir=d, resumed=resumed))
 
     def follow_nothing(self) -> None:
         with self.lock:
@@ -305,7 +306,7 @@ class Agent:
                 self.log("warning", f"{os.path.join(self.runs.path, name)} is {why}")
         self.said_refused = dict(self.runs.refused)
         if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
-            self.set_follow(ids[-1], {})
+            self.set_follow(ids[-1], dict.fromkeys(self.from_start, 0))
         sig = (tuple(ids), alive)
         now = time.time()
         if sig != self.last_runs or now - self.last_runs_at > RUNS_EVERY_S:

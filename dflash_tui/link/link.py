@@ -3,6 +3,8 @@
 - Reconnects with exponential backoff and jitter, saying what it is doing in `link` events.
 - Remembers, per run and file, the byte offset after the last line it delivered. A new
   session resumes from there, and any line before it is dropped: no loss, no duplicates.
+  A fresh follow (the agent's `follow` event not `resumed`: another run chosen) forgets
+  that run's offsets, since the agent sends its lines again from the tail.
 - Decodes every agent line at the boundary (trainer/contract/protocol.py) and hands the sink
   typed events; a line that is not one goes to the sink as `Unreadable`. Nothing that one
   event does (decoding it, or the sink folding it) can end the session.
@@ -25,6 +27,7 @@ from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
 from dflash_tui.link.transport import ConnectError, agent_source, make_transport
 from dflash_tui.targets import Target
 from trainer.contract.protocol import (
+    FROM_START_FILES,
     Command,
     Event,
     Follow,
@@ -236,7 +239,11 @@ class Link:
         return None if raw is None else decode_event_line(raw)
 
     async def _send_follow(self, agent: Any) -> None:
-        cmd = FollowRun(id=self._next_id(), run_id=self.follow_target or "latest")
+        cmd = FollowRun(
+            id=self._next_id(),
+            run_id=self.follow_target or "latest",
+            from_start=list(FROM_START_FILES),
+        )
         if self.run_id is not None:
             cmd.offsets_run_id = self.run_id
             cmd.offsets = dict(self.offsets.get(self.run_id, {}))
@@ -271,6 +278,11 @@ class Link:
             known[event.file] = 0 if event.reason == "replaced" else event.size
         elif isinstance(event, Follow):
             self.run_id = event.run_id
+            if not event.resumed and event.run_id is not None:
+                # A fresh follow (another run chosen, or this one again): the agent reads
+                # each file from its tail or start, so what was delivered of it before is
+                # not what these lines repeat; forget it, or they would all be dropped.
+                self.offsets[event.run_id] = {}
         elif isinstance(event, Result) and event.id is not None:
             fut = self._pending.pop(event.id, None)
             self._progress.pop(event.id, None)

@@ -117,7 +117,11 @@ r   restart the run (kill, wait for GPU memory, launch the same config): resume 
 k   kill the run (SIGTERM its process group, then SIGKILL), shows the drain   asks first
 d   dump every thread's stack (SIGUSR1; py-spy too where installed)
 c   clear the compile cache (refused while a run is alive)   asks first
-l   choose a run (Enter on a row); the latest run is followed by default
+l   choose a run (Enter on a row: its whole history, alive or not); the latest run is
+    followed by default. In the list: space marks runs, c compares the marked ones
+i   run info: how the run ended, its exit, environment and whole config
+g   the step log from train.log's first line (PageUp at its top: the page before);
+    G / End or f: back to the newest lines
 /   filter the step log (empty filter = all lines)
 f   follow / pause the step log
 t   next theme (dark, light, high-contrast, …); remembered
@@ -160,10 +164,16 @@ class FilterScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class RunsScreen(ModalScreen[str | None]):
-    """Runs under the run root, with how each ended (the outcome's words); Enter picks one."""
+class RunsScreen(ModalScreen[str | list[str] | None]):
+    """Runs under the run root, with how each ended (the outcome's words); Enter picks one
+    (its id), space marks runs and c compares the marked ones (their ids, as a list)."""
 
-    BINDINGS = [Binding("escape,q", "cancel", "back"), Binding("a", "latest", "follow latest")]
+    BINDINGS = [
+        Binding("escape,q", "cancel", "back"),
+        Binding("a", "latest", "follow latest"),
+        Binding("space", "mark", "mark"),
+        Binding("c", "compare", "compare marked"),
+    ]
     DEFAULT_CSS = """
     RunsScreen { align: center middle; }
     RunsScreen > Vertical { width: 140; height: 80%; border: thick $primary;
@@ -174,19 +184,24 @@ class RunsScreen(ModalScreen[str | None]):
     def __init__(self, runs: list[RunInfo], current: str | None) -> None:
         super().__init__()
         self.runs, self.current = runs, current
+        self.marked: list[str] = []  # in the order marked
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(
                 Text(
-                    " Runs — Enter: show this run · a: follow the latest · esc: back", style="bold"
+                    " Runs — Enter: show this run · space: mark · c: compare marked · "
+                    "a: follow the latest · esc: back",
+                    style="bold",
                 )
             )
             yield DataTable(cursor_type="row", id="runs")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("run id", "outcome", "phase", "steps", "best tok/s", "best τ", "error")
+        self.id_column, *_ = table.add_columns(
+            "run id", "outcome", "phase", "steps", "best tok/s", "best τ", "error"
+        )
         for r in reversed(self.runs):
             outcome = run_outcome(r)
             ended = safe.text(outcome.summary[:60], OUTCOME_STYLE.get(outcome.kind, "dim"))
@@ -215,3 +230,25 @@ class RunsScreen(ModalScreen[str | None]):
 
     def action_latest(self) -> None:
         self.dismiss("latest")
+
+    def action_mark(self) -> None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return
+        row_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key
+        run_id = str(row_key.value)
+        if run_id in self.marked:
+            self.marked.remove(run_id)
+        else:
+            self.marked.append(run_id)
+        cell = safe.text(run_id)
+        if run_id in self.marked:  # marked: "● " before the id, in the order marked
+            cell = Text("● ", style="bold") + cell
+        table.update_cell(row_key, self.id_column, cell, update_width=True)
+        table.move_cursor(row=table.cursor_row + 1)  # mark the next one with the next space
+
+    def action_compare(self) -> None:
+        if len(self.marked) < 2:
+            self.app.notify("mark two or more runs with space to compare them", severity="warning")
+            return
+        self.dismiss(list(self.marked))

@@ -33,6 +33,9 @@ MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, 
 MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
 FOLLOWED_FILES = ("train.log", "metrics.jsonl", "launch.log", "telemetry.jsonl")
+# What a monitor follows from byte 0 (FollowRun.from_start): one row per logged step, so a
+# past run's plots start at its first step; train.log is paged back on demand instead.
+FROM_START_FILES = ("metrics.jsonl",)
 
 
 # -- events (agent -> monitor) -------------------------------------------------------------
@@ -394,6 +397,10 @@ class RunsEvent(Event):
 class Follow(Event):
     run_id: str | None
     run_dir: str | None = None
+    # True: the follow continues at the offsets the monitor sent for this run (a reconnect),
+    # so what it has is kept; False: a fresh follow, each file from its tail (or its start),
+    # so a monitor forgets what it had of the run and its offsets (lines come again).
+    resumed: bool = False
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -545,6 +552,9 @@ class FollowRun(Command):
     run_id: str = "latest"  # or a run id; "latest" switches when a new run starts
     offsets: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> next byte
     offsets_run_id: str | None = None  # the run those offsets were read from
+    # Files read from byte 0 rather than from their tail when no offset is given for them
+    # (metrics.jsonl: a past run's plots from its first step); a name not followed is ignored.
+    from_start: list[str] = dataclasses.field(default_factory=list)
 
     def client_timeout(self) -> float:
         return 30.0
@@ -676,6 +686,11 @@ class ReadFile(Command):
     run_id: str | None = None  # None: the followed run
     name: str
     tail_bytes: int = 1 << 20
+    # A page by byte range instead of the tail: the complete lines of [start, end), at most
+    # tail_bytes of them (the ones nearest `end` when only `end` is given, else nearest
+    # `start`). The answer adds `start` (its first line's offset), `end` and `size`.
+    start: int | None = None
+    end: int | None = None
 
 
 COMMANDS: dict[str, type[Command]] = {

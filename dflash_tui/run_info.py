@@ -1,0 +1,98 @@
+"""One run's record as the run-info screen (`i`) says it: how it ended and its exit, where a
+restart continues, its environment and fast-kernel path, and its whole config. Pure Python:
+the runs list's `RunInfo` and config.json's text (as the agent read it) in, lines out (host
+strings still raw: the screen shows them through widgets/safe.py)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+from dflash_tui import control
+from dflash_tui.compare import flatten
+from dflash_tui.facts import run_outcome
+from dflash_tui.state import Store
+from trainer.contract.protocol import RunInfo
+
+
+def _when(t: float | None) -> str:
+    if not t:
+        return "—"
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def describe(
+    run: RunInfo | None, run_id: str, config_text: str | None, why_no_config: str = ""
+) -> list[str]:
+    lines = [f"run      {run_id}"]
+    if run is None:
+        lines.append("(not in the runs list yet)")
+    else:
+        outcome = run_outcome(run)
+        lines += [
+            f"name     {run.name or '—'}",
+            f"created  {_when(run.created)}",
+            f"outcome  {outcome.summary}",
+            f"steps    {run.steps}" + (f" (phase {run.phase})" if run.phase else ""),
+        ]
+        if run.best_tok_s:
+            lines.append(
+                f"tok/s    best {run.best_tok_s:,.0f}"
+                + (f", last {run.last_tok_s:,.0f}" if run.last_tok_s else "")
+            )
+        e = run.exit
+        if e is not None:
+            how = [e.describe()]
+            if e.ended_at:
+                how.append(f"ended {_when(e.ended_at)}")
+            if e.final_phase or e.step is not None:
+                of = f" of {e.total_steps}" if e.total_steps else ""
+                step = f" at step {e.step}{of}" if e.step is not None else ""
+                how.append(f"in {e.final_phase or '?'}{step}")
+            if e.checkpoint:
+                how.append(f"last checkpoint {e.checkpoint}")
+            lines.append("exit     " + "; ".join(how))
+        elif run.alive:
+            lines.append("exit     — (alive)")
+        if run.resume is not None:
+            lines.append(f"restart  {run.resume.describe()}")
+        lines.append("")
+        lines.append("environment")
+        lines.append(
+            "  "
+            + (
+                run.environment.describe()
+                if run.environment
+                else "— (not recorded: an older trainer, or it died before)"
+            )
+        )
+        if run.preflight is not None:
+            lines.append(f"  kernels ({run.preflight.device}): {run.preflight.summary()}")
+    lines.append("")
+    lines.append("config (config.json)")
+    if config_text is None:
+        lines.append(f"  — {why_no_config or 'not written'}")
+        return lines
+    try:
+        config = json.loads(config_text)
+    except ValueError as e:
+        lines.append(f"  unreadable: {e}")
+        return lines
+    if not isinstance(config, dict):
+        lines.append("  unreadable: not an object")
+        return lines
+    for key, value in flatten(config).items():
+        lines.append(f"  {key} = {json.dumps(value)}")
+    return lines
+
+
+async def fetch(link: control.Requester, store: Store, run_id: str) -> list[str]:
+    """The run-info lines of `run_id`: its runs-list entry and its config.json, read by the
+    agent (a run dead before it wrote one says why)."""
+    run = next((r for r in store.runs if r.run_id == run_id), None)
+    try:
+        text: str | None = (await control.read_file(link, "config.json", run_id)).text
+        why = ""
+    except Exception as e:  # the agent's refusal: no such file, refused (a symlink)
+        text, why = None, str(e)
+    return describe(run, run_id, text, why)
