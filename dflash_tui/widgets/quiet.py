@@ -3,7 +3,7 @@
 `Static.update` repaints its region and Textual writes that region to the terminal, equal
 or not: a pane updated by every event (an RTT ping, a host sample) repainted the screen
 several times a second with nothing new. `update` here compares a key of the renderable
-first; Text and str compare by content and style, tables and groups by their cells.
+first; text compares by content and every style, tables and groups by their cells.
 """
 
 from __future__ import annotations
@@ -22,8 +22,19 @@ _NEVER = object()
 def key(renderable: Any) -> Any:
     """A value equal for two renderables that draw the same; a fresh object (never equal)
     for a kind this does not know."""
-    if isinstance(renderable, str | Text):
+    if isinstance(renderable, str):
         return renderable
+    if isinstance(renderable, Text):
+        # Not Text's own ==: it leaves out the base style (a bar's colour).
+        return (
+            "text",
+            renderable.plain,
+            str(renderable.style),
+            tuple((s.start, s.end, str(s.style)) for s in renderable.spans),
+            renderable.justify,
+            renderable.overflow,
+            renderable.no_wrap,
+        )
     if isinstance(renderable, Table):
         return (
             "table",
