@@ -33,6 +33,14 @@ def _finite(v: object) -> bool:
     return isinstance(v, int | float) and math.isfinite(v)
 
 
+def _thousands(title: str, y: list[float | None]) -> tuple[str, list[float | None]]:
+    """`K tok/s` in thousands once the values reach them: `15.6` is a tick label that fits
+    a narrow panel where `15600.0` takes a third of it."""
+    if max((v for v in y if v is not None and _finite(v)), default=0.0) < 1000:
+        return title, y
+    return f"K {title}", [None if v is None else v / 1000 for v in y]
+
+
 @dataclass(frozen=True)
 class Figure:
     """What one panel shows: its lines (label, theme colour index, y values) over `x`, or,
@@ -141,7 +149,7 @@ class Plots(Widget, can_focus=True):
         steps = tuple(float(r.step) for r in rows)
         why = "" if rows else plot_data.why_no_metrics(s)
 
-        def per_step(title: str, colour: int, y: Sequence[float | None], **kw: object) -> Figure:
+        def per_step(title: str, y: Sequence[float | None], colour: int, **kw: object) -> Figure:
             # Only the rows that carry the value: a None (an older trainer's row) or a NaN
             # would break the line, and NaN != NaN would redraw the panel at every update.
             pts = [
@@ -161,16 +169,16 @@ class Plots(Widget, can_focus=True):
         losses = [r.loss for r in rows]
         log = self.log_loss
         figures = {
-            "toks": per_step("tok/s", 0, [r.tok_s for r in rows]),
+            "toks": per_step(*_thousands("tok/s", [r.tok_s for r in rows]), colour=0),
             "loss": per_step(
                 "loss (log)" if log else "loss",
-                1,
                 [v if not log or (v is not None and v > 0) else None for v in losses],
+                1,
                 ylim=plot_data.recent_range(losses, log=log),
                 log=log,
             ),
-            "acc": per_step("acc", 2, [r.acc for r in rows]),
-            "streak": per_step("streak", 3, [r.streak for r in rows]),
+            "acc": per_step("acc", [r.acc for r in rows], 2),
+            "streak": per_step("streak", [r.streak for r in rows], 3),
             "mem": self._memory(s, theme),
         }
         for name, fig in figures.items():
@@ -182,7 +190,9 @@ class Plots(Widget, can_focus=True):
         plot changes only when a sample comes)."""
         hists = {i: list(h)[-GPU_POINTS:] for i, h in sorted(s.gpu_history.items()) if h}
         if not hists:
-            return Figure("GPU mem GB", "s ago", why=plot_data.why_no_gpu_samples(s), theme=theme)
+            return Figure(
+                "GPU mem GB", "s, 0 = latest", why=plot_data.why_no_gpu_samples(s), theme=theme
+            )
         newest = max(pts[-1].t for pts in hists.values())
         # One x for all: every GPU is sampled together, so their histories line up.
         first = next(iter(hists.values()))
@@ -192,4 +202,4 @@ class Plots(Widget, can_focus=True):
             for n, (i, pts) in enumerate(hists.items())
             if len(pts) == len(first)
         )
-        return Figure("GPU mem GB", "s ago", x, lines, theme=theme)
+        return Figure("GPU mem GB", "s, 0 = latest", x, lines, theme=theme)

@@ -102,10 +102,10 @@ def test_each_series_has_its_own_panel_with_step_on_x_and_the_loss_on_its_recent
                 panel = app.query_one(f"#plot-{name}", PlotPanel)
                 assert panel.query_one(PlotextPlot).display, name
             texts = {n: region_text(app, app.query_one(f"#plot-{n}")) for n in PANELS}
-            for name, title in (("toks", "tok/s"), ("loss", "loss"), ("acc", "acc")):
+            for name, title in (("toks", "K tok/s"), ("loss", "loss"), ("acc", "acc")):
                 assert title in texts[name], texts[name]
                 assert "step" in texts[name].splitlines()[-1], texts[name]
-            assert "streak" in texts["streak"] and "s ago" in texts["mem"]
+            assert "streak" in texts["streak"] and "0 = latest" in texts["mem"]
             # acc (0.10-0.12) on its own axis: its ticks are in its range, not streak's 1.4+.
             acc_ticks = [float(v) for v in re.findall(r"^\s*(\d+\.\d+)┤", texts["acc"], re.M)]
             assert acc_ticks and max(acc_ticks) < 0.2, texts["acc"]
@@ -217,5 +217,20 @@ def test_an_unchanged_store_draws_no_panel_again():
             app.redraw(force=True)
             await pilot.pause(0.1)
             assert plots.drawn == drawn
+
+    asyncio.run(go())
+
+
+def test_a_theme_change_recolours_the_lines_and_the_queue_bars():
+    async def go():
+        app = app_for("dark")
+        async with app.run_test(size=SIZE) as pilot:
+            await shown(app, pilot, healthy())
+            app.theme = "light"
+            await pilot.pause(0.3)
+            t = app.current_theme
+            assert colours_in(app, app.query_one("#plot-toks"), BRAILLE) == {t.primary.lower()}
+            # healthy(): every queue is between empty and full, so its bar is `success`.
+            assert colours_in(app, app.query_one("#queues"), "█") == {t.success.lower()}
 
     asyncio.run(go())
