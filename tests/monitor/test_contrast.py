@@ -9,19 +9,23 @@ needs 4.5:1 against its own background, a cell of a border or scrollbar 3:1.
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
-from app_scenarios import NOW, healthy
+from app_scenarios import NOW, alert_state, healthy
 from monitor_helpers import typed_event
 from textual.scrollbar import ScrollBar
 
+import dflash_tui
 from dflash_tui import contrast, themes
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
 
 TEXT_COLOURS = ("foreground", "primary", "secondary", "accent", "success", "warning", "error")
 BACKGROUNDS = ("background", "surface", "panel")
-BOX_BORDER_ALPHA = 0.8  # app.tcss: `.box { border: round $primary 80% }`
+APP_TCSS = Path(dflash_tui.__file__).parent / "app.tcss"
+SCENARIOS = {"healthy": healthy, "alert_state": alert_state}
 BUNDLED = sorted(p.stem for p in themes.BUNDLED.glob("*.tcss"))
 
 
@@ -49,10 +53,17 @@ def test_theme_file_colours_meet_aa(name):
         for bg in BACKGROUNDS
         if contrast.ratio(c[fg], c[bg]) < contrast.TEXT_AA
     ]
-    border = contrast.blend(c["primary"], c["surface"], BOX_BORDER_ALPHA)
+    border = contrast.blend(c["primary"], c["surface"], box_border_alpha())
     if contrast.ratio(border, c["surface"]) < contrast.UI_AA:
         low.append(f"box border on surface: {contrast.ratio(border, c['surface']):.2f}")
     assert not low, f"{name}: below WCAG AA:\n" + "\n".join(low)
+
+
+def box_border_alpha() -> float:
+    """The boxes' border opacity as app.tcss says it: `.box { border: round $primary 80%`."""
+    m = re.search(r"^\.box \{ border: round \$primary (\d+)%", APP_TCSS.read_text(), re.M)
+    assert m, "app.tcss: .box's border is no longer `round $primary N%`: update this test"
+    return int(m.group(1)) / 100
 
 
 def low_contrast_cells(app: DFlashApp) -> list[str]:
@@ -85,12 +96,24 @@ def low_contrast_cells(app: DFlashApp) -> list[str]:
     return out
 
 
+@pytest.mark.parametrize("scenario", ["healthy", "alert_state"])
 @pytest.mark.parametrize("theme", BUNDLED)
-def test_rendered_screen_meets_aa(theme):
-    asyncio.run(rendered_screen_meets_aa(theme))
+def test_rendered_screen_meets_aa(theme, scenario):
+    low = asyncio.run(rendered_low_contrast(theme, SCENARIOS[scenario]()))
+    assert not low, f"{theme}: {len(low)} cells below WCAG AA:\n" + "\n".join(low[:40])
 
 
-async def rendered_screen_meets_aa(theme: str) -> None:
+def test_a_theme_below_aa_is_caught_on_screen(tmp_path):
+    """The check can fail: a user theme whose warning is the old light theme's #af8700."""
+    folder = tmp_path / "config" / "dflash-tui" / "themes"
+    folder.mkdir(parents=True)
+    light = (themes.BUNDLED / "light.tcss").read_text()
+    (folder / "pale.tcss").write_text(re.sub(r"\$warning: #\w+;", "$warning: #af8700;", light))
+    low = asyncio.run(rendered_low_contrast("pale", SCENARIOS["alert_state"]()))
+    assert low and all("#af8700" in cell for cell in low), low
+
+
+async def rendered_low_contrast(theme: str, events: list[dict]) -> list[str]:
     app = DFlashApp(
         Target(name="gpu-box", kind="ssh", host="gpu-box"),
         theme_name=theme,
@@ -98,7 +121,7 @@ async def rendered_screen_meets_aa(theme: str) -> None:
         clock=lambda: NOW,
     )
     async with app.run_test(size=(160, 48)) as pilot:
-        for e in healthy():
+        for e in events:
             app.feed(typed_event(e))
         app.redraw(force=True)
         await pilot.pause(0.3)
@@ -109,5 +132,4 @@ async def rendered_screen_meets_aa(theme: str) -> None:
         )
         assert "q_pre[0]" in screen_text and "█" in screen_text
         assert any(ch in screen_text for ch in "⠁⠂⠄⡀⣀⠤⠒⠉")
-        low = low_contrast_cells(app)
-        assert not low, f"{theme}: {len(low)} cells below WCAG AA:\n" + "\n".join(low[:40])
+        return low_contrast_cells(app)
