@@ -103,6 +103,13 @@ def test_rendered_screen_meets_aa(theme, scenario):
     assert not low, f"{theme}: {len(low)} cells below WCAG AA:\n" + "\n".join(low[:40])
 
 
+@pytest.mark.parametrize("theme", BUNDLED)
+def test_help_runs_and_filter_screens_meet_aa(theme):
+    for key in ("question_mark", "l", "slash"):
+        low = asyncio.run(rendered_low_contrast(theme, healthy(), press=key))
+        assert not low, f"{theme}, after {key}: below WCAG AA:\n" + "\n".join(low[:40])
+
+
 def test_a_theme_below_aa_is_caught_on_screen(tmp_path):
     """The check can fail: a user theme whose warning is the old light theme's #af8700."""
     folder = tmp_path / "config" / "dflash-tui" / "themes"
@@ -113,7 +120,11 @@ def test_a_theme_below_aa_is_caught_on_screen(tmp_path):
     assert low and all("#af8700" in cell for cell in low), low
 
 
-async def rendered_low_contrast(theme: str, events: list[dict]) -> list[str]:
+async def rendered_low_contrast(
+    theme: str, events: list[dict], press: str | None = None
+) -> list[str]:
+    """The low cells of the main screen with `events` shown, or of the screen `press`
+    opens over it."""
     app = DFlashApp(
         Target(name="gpu-box", kind="ssh", host="gpu-box"),
         theme_name=theme,
@@ -132,4 +143,9 @@ async def rendered_low_contrast(theme: str, events: list[dict]) -> list[str]:
         )
         assert "q_pre[0]" in screen_text and "█" in screen_text
         assert any(ch in screen_text for ch in "⠁⠂⠄⡀⣀⠤⠒⠉")
+        if press is not None:
+            main = app.screen
+            await pilot.press(press)
+            await pilot.pause(0.5)
+            assert app.screen is not main, f"{press} opened no screen"
         return low_contrast_cells(app)
