@@ -234,3 +234,20 @@ def test_a_theme_change_recolours_the_lines_and_the_queue_bars():
             assert colours_in(app, app.query_one("#queues"), "█") == {t.success.lower()}
 
     asyncio.run(go())
+
+
+def test_new_points_wait_for_the_next_second_then_show():
+    async def go():
+        app = app_for()
+        async with app.run_test(size=SIZE) as pilot:
+            await shown(app, pilot, healthy())
+            row = {"step": 2000, "loss": 1.2, "acc": 0.2, "streak": 2.0, "tok_s": 15000.0}
+            line = {"type": "line", "t": NOW, "run_id": RUN, "file": "metrics.jsonl"}
+            app.feed(typed_event({**line, "offset": 0, "end": 0, "text": json.dumps(row)}))
+            app.redraw(force=True)
+            await pilot.pause(0.1)
+            assert "2000" not in region_text(app, app.query_one("#plot-loss"))  # held back
+            await pilot.pause(1.2)
+            assert "2000" in region_text(app, app.query_one("#plot-loss"))
+
+    asyncio.run(go())
