@@ -1,6 +1,8 @@
-"""Monitor benchmarks: line latency over loopback SSH, agent CPU, opening a 1 GB log.
+"""Monitor benchmarks: line latency over loopback SSH, agent CPU, opening a 1 GB log, the
+TUI's own CPU idle and busy.
 
     .venv/bin/python bench/monitor_bench.py [--lines 500] [--out bench/results-monitor.json]
+    .venv/bin/python bench/monitor_bench.py --only tui   # the TUI rows alone (needs tmux)
 
 Needs /usr/sbin/sshd (Debian openssh-server). Starts its own sshd on 127.0.0.1 with fresh
 keys (the test fixture's SshServer), a fake run dir, and `dflash-tui --headless` against it.
@@ -25,6 +27,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from infra.fixtures import FakeGpu  # noqa: E402
 from infra.sshd import SshServer  # noqa: E402
+from infra.tui_cpu import measure as tui_cpu  # noqa: E402
+
+TUI_RATE = 10.0  # step lines (and metrics rows) a second while busy: a fast small run
 
 STEP = (
     "[0m] step={i} loss=1.0000 acc=0.100 streak=1.0 lr=1.00e-04 noise=0.0000 | tgt=1.00b/s "
@@ -179,12 +184,49 @@ def open_big_log(remote: Path) -> float:
     return elapsed
 
 
+def tui_rows(tmp: Path) -> dict[str, float]:
+    """The TUI in tmux (160x48) following a local run dir: 20 s with nothing arriving, then
+    20 s with TUI_RATE step lines and metrics rows a second."""
+    cpu = tui_cpu(tmp / "tui", idle_s=20.0, busy_s=20.0, lines_per_s=TUI_RATE)
+    return {
+        "tui_idle_cpu_pct": round(cpu.idle_pct, 2),
+        "tui_idle_bytes_per_s": round(cpu.idle_bytes_per_s),
+        "tui_busy_cpu_pct": round(cpu.busy_pct or 0.0, 2),
+        "tui_busy_lines_per_s": TUI_RATE,
+    }
+
+
+def print_tui(results: dict) -> None:
+    print(
+        f"| TUI idle (nothing arriving), 160x48 in tmux | {results['tui_idle_cpu_pct']} % of "
+        f"a core, {results['tui_idle_bytes_per_s']} B/s to the terminal | <= 2 % |"
+    )
+    print(
+        f"| TUI busy ({results['tui_busy_lines_per_s']:.0f} step lines + metrics rows/s) | "
+        f"{results['tui_busy_cpu_pct']} % of a core | — |"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--lines", type=int, default=500)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results-monitor.json")
+    p.add_argument("--only", choices=("all", "tui"), default="all")
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="dflash-bench-"))
+    stamp = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}",
+    }
+    if args.only == "tui":  # the other rows stay as the last full run wrote them
+        results = json.loads(args.out.read_text()) if args.out.exists() else {}
+        results.update(tui_rows(tmp))
+        results["tui_date"] = stamp["date"]
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print("| what | figure | target |")
+        print("|---|---|---|")
+        print_tui(results)
+        return 0
     remote = tmp / "remote"
     run_dir = fake_run(remote)
     # 8 fake H200s behind NVML's interface: the agent samples them at 1 Hz as on the box.
@@ -201,8 +243,8 @@ def main() -> int:
         "fresh_ssh_per_check_ms_p50": round(statistics.median(fresh), 1),
         "agent_cpu_pct_at_1hz": round(cpu, 2),
         "open_1gb_log_s": round(big, 3),
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Python {sys.version.split()[0]}",
+        **tui_rows(tmp),
+        **stamp,
     }
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print("| what | figure | target |")
@@ -224,6 +266,7 @@ def main() -> int:
         f"| opening a 1 GB train.log (follow -> last line) | {results['open_1gb_log_s']} s | "
         "< 1 s |"
     )
+    print_tui(results)
     return 0
 
 

@@ -1,7 +1,8 @@
 """The Textual app: the second view of the same store the headless mode prints.
 
-Events from the link go into the Store as they arrive (cheap); the panes redraw from the
-store on a timer, only when it changed, so a burst of log lines costs one redraw. Control
+Events from the link go into the Store as they arrive (cheap); an event schedules one redraw
+REFRESH_S later, so a burst of log lines costs one, and nothing redraws while nothing comes
+but the ages (once a second, and only the panes whose text changed: widgets/quiet.py). Control
 keys send agent commands through dflash_tui/control.py (the CLI's path too); a command
 already in flight is never sent twice.
 """
@@ -31,7 +32,7 @@ from dflash_tui.link.link import Link, LinkError
 from dflash_tui.notify import Notifier
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import palette, safe
 from dflash_tui.widgets.alerts import AlertsPane
 from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.gpus import GpuPane
@@ -73,7 +74,8 @@ class DFlashApp(App[int]):
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
     ]
-    REFRESH_S = 0.25
+    REFRESH_S = 0.25  # an event's redraw waits this long for the rest of its burst
+    AGES_S = 1.0  # "heartbeat 3s ago", time in phase, and findings that come with time
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class DFlashApp(App[int]):
         self.link: Any = link
         self.clock = clock
         self._drawn_version = -1
+        self._redraw_pending = False
         self._busy: str | None = None  # the control command in flight, if any
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
@@ -186,7 +189,8 @@ class DFlashApp(App[int]):
         self.query_one("#stages-box").display = event.size.height >= STAGES_MIN_HEIGHT
 
     def on_mount(self) -> None:
-        self.set_interval(self.REFRESH_S, self.redraw)
+        palette.follow_theme(self, lambda: self.redraw(force=True))
+        self.set_interval(self.AGES_S, self.redraw)
         if self.connect:
             if self.link is None:
                 self.link = Link(self.target, self.feed)
@@ -202,6 +206,13 @@ class DFlashApp(App[int]):
     # -- state --------------------------------------------------------------------------
     def feed(self, event: SinkEvent) -> None:
         self.store.apply(event)
+        if not self._redraw_pending:
+            self._redraw_pending = True
+            self.set_timer(self.REFRESH_S, self._redraw_soon)
+
+    def _redraw_soon(self) -> None:
+        self._redraw_pending = False
+        self.redraw()
 
     def redraw(self, force: bool = False) -> None:
         """Redraw the panes from the store; skipped while they are not on screen (a full
@@ -212,10 +223,12 @@ class DFlashApp(App[int]):
     def _redraw(self, force: bool) -> None:
         s = self.store
         if not force and s.version == self._drawn_version:
-            # Nothing new, but ages (heartbeat, time in phase) still move, and the log's
-            # keys (paging, follow) change its title without a change in the store.
+            # Nothing new, but ages (heartbeat, time in phase) still move, a finding can come
+            # with time alone (a stalled loop), and the log's keys (paging, follow) change its
+            # title without a change in the store; each pane repaints only if it changed.
             self.query_one(StatusBar).update_from(s)
             self.query_one(HeartbeatPane).update_from(s)
+            self.query_one(AlertsPane).update_findings(diagnose(s, self.clock(), self.diagnosis))
             self._log_title()
             return
         self._drawn_version = s.version

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dflash_tui.diagnosis import Finding
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import quiet, safe
 
 STYLE = {"critical": "bold red", "warning": "bold yellow", "info": "cyan"}
 
@@ -19,7 +19,7 @@ class AlertsPane(Static):
 
     def update_findings(self, findings: list[Finding]) -> None:
         if not findings:
-            self.update(Text("✓ nothing wrong that I can see", style="green"))
+            quiet.update(self, Text.assemble(("✓ nothing wrong that I can see", "green")))
             return
         parts = []
         for f in findings:
@@ -31,4 +31,4 @@ class AlertsPane(Static):
             )
             parts.append(safe.text(f"   {f.evidence}", "dim"))
             parts.append(safe.text(f"   → {f.action}", "italic"))
-        self.update(Group(*parts))
+        quiet.update(self, Group(*parts))

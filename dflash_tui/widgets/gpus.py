@@ -17,7 +17,7 @@ from dflash_tui.diagnosis import DEFAULT_CONFIG
 from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
 from dflash_tui.state import Store
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import quiet, safe
 from trainer.contract.protocol import (
     CLOCK_APP_SETTING,
     CLOCK_HW_SLOWDOWN,
@@ -71,7 +71,7 @@ class GpuPane(Static):
     def update_from(self, s: Store) -> None:
         gpus = self._gpus(s)
         host = host_context.summary(s.host)  # under the GPUs: CPUs, load, memory, disk
-        self.update(gpus if host is None else Group(gpus, safe.text(host, "dim")))
+        quiet.update(self, gpus if host is None else Group(gpus, safe.text(host, "dim")))
 
     def _gpus(self, s: Store) -> Text | Table:
         gpu = s.gpu
@@ -107,7 +107,8 @@ class GpuPane(Static):
             colour = ROLE_COLOUR.get(role.split("+")[0], "white")
             used, total = d.mem_used, d.mem_total or 1
             want = expected_bytes(s, role)
-            mem = Text(bar(used / total, 10), style=colour)
+            mem = Text()  # the bar in the role's colour, the figures in the text's
+            mem.append(bar(used / total, 10), style=colour)
             mem.append(f" {used / (1 << 30):5.1f}/{total / (1 << 30):.0f}G")
             if want:
                 # Against what this role held in earlier runs: 58% means "not loaded yet"

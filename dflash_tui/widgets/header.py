@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from dflash_tui.fmt import duration
 from dflash_tui.state import Store
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import quiet, safe
 
 
 class StatusBar(Static):
@@ -49,4 +49,4 @@ class StatusBar(Static):
                 t.append(f" {duration(age)}")
         if s.malformed:
             t.append(f"   {s.malformed} malformed lines skipped", style="yellow")
-        self.update(t)
+        quiet.update(self, t)

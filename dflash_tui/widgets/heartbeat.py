@@ -12,7 +12,7 @@ from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import quiet, safe
 
 LABEL = 12  # the label column, then one column between it and the value
 
@@ -37,7 +37,7 @@ class HeartbeatPane(Static):
                 t.add_row("heartbeat", Text("none yet", style="yellow"))
             if s.heartbeat_error:
                 t.add_row("unreadable", safe.text(s.heartbeat_error, "red"))
-            self.update(t)
+            quiet.update(self, t)
             return
         note = s.heartbeat_note()
         if note:
@@ -107,7 +107,7 @@ class HeartbeatPane(Static):
             t.add_row("GIL", f"wake-up late p50 {hb.gil.p50_ms:.1f}ms p99 {hb.gil.p99_ms:.1f}ms")
         if hb.error is not None:
             t.add_row("error", safe.text(hb.error.message, "bold red"))
-        self.update(t)
+        quiet.update(self, t)
 
     def _tau_rows(self, t: Table, tau: evaluation.TauSummary) -> None:
         """`held-out  τ 2.31 ↑0.12 at step 2000 (best 2.50 at step 1500; comparable runs'

@@ -1,61 +1,240 @@
-"""Plots (textual-plotext): tok/s, loss, acc and streak per step; GPU memory over time."""
+"""Plots (textual-plotext): tok/s, loss, acc and streak per step, each on its own axes;
+GPU memory over the last samples. Every line takes its colour from the theme
+(widgets/palette.py); a panel without data says why instead of drawing an empty box.
+
+Drawing a plot is the costliest thing on screen, so a panel is redrawn only when what it
+shows changed (new rows, new samples, a theme or scale change), never on a timer, and new
+points at most once a second.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from textual import events
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
 from textual.widget import Widget
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
+from dflash_tui import plot_data
 from dflash_tui.state import Store
+from dflash_tui.widgets import palette, safe
 from trainer.contract.records import MetricsRow
 from trainer.contract.steplines import StepLine
 
+GPU_POINTS = 600  # samples per GPU drawn: ten minutes at the agent's 1 Hz
+DRAW_EVERY_S = 1.0  # new points wait this long after a panel's last draw (a plot's render
+# was a quarter of the TUI's CPU at 10 steps a second, redrawn at every 0.25 s redraw)
 
-class Plots(Widget):
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def _thousands(title: str, y: list[float | None]) -> tuple[str, list[float | None]]:
+    """`K tok/s` in thousands once the values reach them: `15.6` is a tick label that fits
+    a narrow panel where `15600.0` takes a third of it."""
+    if max((v for v in y if v is not None and _finite(v)), default=0.0) < 1000:
+        return title, y
+    return f"K {title}", [None if v is None else v / 1000 for v in y]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """What one panel shows: its lines (label, theme colour index, y values) over `x`, or,
+    with no data, `why`."""
+
+    title: str
+    xlabel: str
+    x: tuple[float, ...] = ()
+    lines: tuple[tuple[str, int, tuple[float, ...]], ...] = ()
+    ylim: tuple[float, float] | None = None
+    log: bool = False
+    why: str = ""
+    theme: str = field(default="", compare=True)
+
+    @property
+    def has_data(self) -> bool:
+        return bool(self.x) and any(y for _, _, y in self.lines)
+
+    def same_axes(self, other: Figure) -> bool:
+        """Only the points differ: the same title, scale and theme, data in both."""
+        return (
+            self.has_data
+            and other.has_data
+            and (self.title, self.log, self.theme) == (other.title, other.log, other.theme)
+        )
+
+
+class PlotPanel(Vertical):
+    """One plot, and in its place while it has no data the line that says why."""
+
+    DEFAULT_CSS = """
+    PlotPanel { width: 1fr; height: 1fr; }
+    PlotPanel > .plot-empty { height: 1fr; padding: 0 1; color: $foreground; }
+    """
+
+    def __init__(self, id: str) -> None:
+        super().__init__(id=id)
+        self._shown: Figure | None = None
+        self._drawn_at = -DRAW_EVERY_S
+        self._waiting: Figure | None = None  # new points held back until DRAW_EVERY_S
+
+    def compose(self) -> ComposeResult:
+        yield PlotextPlot()
+        yield Static(classes="plot-empty")
+
+    def show(self, fig: Figure) -> bool:
+        """Draw `fig` unless it is what is on screen already; True when it drew. New points
+        on the lines shown wait until DRAW_EVERY_S after the last draw (one draw for all
+        that came meanwhile); anything else (data at last, a theme, a scale) draws now."""
+        if fig == self._shown:
+            self._waiting = None
+            return False
+        wait = self._drawn_at + DRAW_EVERY_S - time.monotonic()
+        if wait > 0 and self._shown is not None and fig.same_axes(self._shown):
+            if self._waiting is None:
+                self.set_timer(wait, self._draw_waiting)
+            self._waiting = fig
+            return False
+        self._draw(fig)
+        return True
+
+    def _draw_waiting(self) -> None:
+        fig, self._waiting = self._waiting, None
+        if fig is not None and fig != self._shown:
+            self._draw(fig)
+
+    def _draw(self, fig: Figure) -> None:
+        self._shown = fig
+        self._drawn_at = time.monotonic()
+        plot = self.query_one(PlotextPlot)
+        empty = self.query_one(".plot-empty", Static)
+        plot.display = fig.has_data
+        empty.display = not fig.has_data
+        if not fig.has_data:
+            message = safe.text(fig.title, "bold")
+            message.append("\n")
+            message.append(safe.text(fig.why))  # may quote the host (the agent's GPU error)
+            empty.update(message)
+            return
+        plt = plot.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(fig.title)
+        plt.xlabel(fig.xlabel)
+        plt.yscale("log" if fig.log else "linear")
+        for label, colour, y in fig.lines:
+            if len(y) == len(fig.x):
+                plt.plot(
+                    list(fig.x),
+                    list(y),
+                    label=label if len(fig.lines) > 1 else None,
+                    marker="braille",
+                    color=palette.series_rgb(self.app, colour),
+                )
+        if fig.ylim is not None:
+            plt.ylim(*fig.ylim)
+        plot.refresh()
+
+
+class Plots(Widget, can_focus=True):
+    """The plots row. `L` (while it has focus) or a click on the loss plot switches the
+    loss axis between linear and log."""
+
+    BINDINGS = [Binding("L", "toggle_log_loss", "loss log/linear")]
     DEFAULT_CSS = """
     Plots { height: 1fr; }
     Plots Horizontal { height: 1fr; }
-    Plots PlotextPlot { width: 1fr; height: 1fr; }
     """
+
+    def __init__(self, id: str | None = None, log_loss: bool = False) -> None:
+        super().__init__(id=id)
+        self.log_loss = log_loss
+        self._store: Store | None = None
+        self.drawn = 0  # panels drawn at once since start (tests count them)
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield PlotextPlot(id="plot-toks")
-            yield PlotextPlot(id="plot-loss")
-            yield PlotextPlot(id="plot-acc")
-            yield PlotextPlot(id="plot-mem")
+            for name in ("toks", "loss", "acc", "streak", "mem"):
+                yield PlotPanel(id=f"plot-{name}")
+
+    def action_toggle_log_loss(self) -> None:
+        self.log_loss = not self.log_loss
+        if self._store is not None:
+            self.update_from(self._store)
+
+    def on_click(self, event: events.Click) -> None:
+        loss = self.query_one("#plot-loss", PlotPanel)
+        if event.widget is not None and (event.widget is loss or loss in event.widget.ancestors):
+            self.action_toggle_log_loss()
 
     def update_from(self, s: Store) -> None:
+        self._store = s
+        theme = self.app.theme
         rows: Sequence[MetricsRow | StepLine] = list(s.metrics)
         if not rows and s.step_lines:  # a trainer without metrics.jsonl: use the step lines
             rows = list(s.step_lines)
-        steps = [r.step for r in rows]
-        self._line("plot-toks", "tok/s", steps, {"tok/s": [r.tok_s for r in rows]})
-        self._line("plot-loss", "loss", steps, {"loss": [r.loss for r in rows]})
-        self._line(
-            "plot-acc",
-            "acc · streak",
-            steps,
-            {"acc": [r.acc for r in rows], "streak": [r.streak for r in rows]},
-        )
-        now = s.clock()
-        series = {}
-        x: list[float] = []
-        for index, hist in sorted(s.gpu_history.items()):
-            pts = list(hist)[-600:]
-            x = [p.t - now for p in pts]
-            series[f"gpu{index}"] = [p.mem_used / (1 << 30) for p in pts]
-        self._line("plot-mem", "GPU mem GB (s ago)", x, series)
+        steps = tuple(float(r.step) for r in rows)
+        why = "" if rows else plot_data.why_no_metrics(s)
 
-    def _line(self, wid: str, title: str, x: list, series: dict[str, list]) -> None:
-        plot = self.query_one(f"#{wid}", PlotextPlot)
-        plt = plot.plt
-        plt.clear_data()
-        plt.title(title)
-        for label, y in series.items():
-            if x and y and len(x) == len(y):
-                plt.plot(x, y, label=label if len(series) > 1 else None, marker="braille")
-        plot.refresh()
+        def per_step(title: str, y: Sequence[float | None], colour: int, **kw: object) -> Figure:
+            # Only the rows that carry the value: a None (an older trainer's row) or a NaN
+            # would break the line, and NaN != NaN would redraw the panel at every update.
+            pts = [
+                (x, float(v)) for x, v in zip(steps, y, strict=True) if v is not None and _finite(v)
+            ]
+            xs = tuple(x for x, _ in pts)
+            return Figure(
+                title,
+                "step",
+                xs,
+                ((title, colour, tuple(v for _, v in pts)),),
+                why=why,
+                theme=theme,
+                **kw,  # type: ignore[arg-type]
+            )
+
+        losses = [r.loss for r in rows]
+        log = self.log_loss
+        figures = {
+            "toks": per_step(*_thousands("tok/s", [r.tok_s for r in rows]), colour=0),
+            "loss": per_step(
+                "loss (log)" if log else "loss",
+                [v if not log or (v is not None and v > 0) else None for v in losses],
+                1,
+                ylim=plot_data.recent_range(losses, log=log),
+                log=log,
+            ),
+            "acc": per_step("acc", [r.acc for r in rows], 2),
+            "streak": per_step("streak", [r.streak for r in rows], 3),
+            "mem": self._memory(s, theme),
+        }
+        for name, fig in figures.items():
+            if self.query_one(f"#plot-{name}", PlotPanel).show(fig):
+                self.drawn += 1
+
+    def _memory(self, s: Store, theme: str) -> Figure:
+        """GB used per GPU against seconds before the newest sample (not before now: the
+        plot changes only when a sample comes)."""
+        hists = {i: list(h)[-GPU_POINTS:] for i, h in sorted(s.gpu_history.items()) if h}
+        if not hists:
+            return Figure(
+                "GPU mem GB", "s, 0 = latest", why=plot_data.why_no_gpu_samples(s), theme=theme
+            )
+        newest = max(pts[-1].t for pts in hists.values())
+        # One x for all: every GPU is sampled together, so their histories line up.
+        first = next(iter(hists.values()))
+        x = tuple(p.t - newest for p in first)
+        lines = tuple(
+            (f"gpu{i}", n, tuple(p.mem_used / (1 << 30) for p in pts))
+            for n, (i, pts) in enumerate(hists.items())
+            if len(pts) == len(first)
+        )
+        return Figure("GPU mem GB", "s, 0 = latest", x, lines, theme=theme)

@@ -1,4 +1,6 @@
-"""Queue gauges: each q_pre (one per target) and q_hs (one per drafter) against capacity."""
+"""Queue gauges: each q_pre (one per target) and q_hs (one per drafter) against capacity,
+the bars in the theme's colours: error when empty (the consumer starves), warning when
+full (the producer waits), success between."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from textual.widgets import Static
 
 from dflash_tui.fmt import bar
 from dflash_tui.state import Store
+from dflash_tui.widgets import palette, quiet
 
 
 class QueuePane(Static):
@@ -25,9 +28,10 @@ class QueuePane(Static):
             for i, q in enumerate(depths):
                 depth, cap = q.depth, max(1, q.capacity)
                 frac = depth / cap
-                colour = "red" if frac == 0 else "yellow" if frac >= 1 else "green"
+                role = "error" if frac == 0 else "warning" if frac >= 1 else "success"
+                colour = palette.hex_of(self.app, role)
                 t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), f"{depth}/{cap}")
         if not t.rows:
-            self.update(Text("no queues yet", style="dim"))
+            quiet.update(self, Text("no queues yet", style="dim"))
         else:
-            self.update(t)
+            quiet.update(self, t)

@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from dflash_tui.stages import ThreadStages, busiest, by_role, ms_text, of_heartbeat
 from dflash_tui.state import Store
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import quiet, safe
 from trainer.contract.heartbeat import (
     STAGE_BACKWARD,
     STAGE_BUILD,
@@ -214,7 +214,7 @@ class StagePane(Static):
                     rows = [top] if top is not None else rows[:lines]
             content = render_rows(rows, width, lines is None or len(rows) < lines)
         height = content.plain.count("\n") + 1
-        self.update(content, layout=height != self._drawn_height)  # layout: a new height
+        quiet.update(self, content, layout=height != self._drawn_height)  # layout: a new height
         self._drawn_height = height
 
     def _line_budget(self) -> int | None:
