@@ -3,7 +3,7 @@
 What an operator must never lose, at 80x24 too: the header (phase, step, tok/s), the
 alerts, the queues and the step log. Then, as rows allow: the GPUs and heartbeat, the stage
 bars, and last the plots (history the alerts already summarise). Below 100 columns the
-alerts and queues sit side by side above the step log rather than in a thin column beside
+queues and alerts sit side by side above the step log rather than in a thin column beside
 it, where neither the queue bars nor an alert's evidence fit.
 
 A hidden pane's figures stay in the alerts' evidence, `z` shows any pane that is on screen
