@@ -11,6 +11,7 @@ import pytest
 from app_scenarios import NOW, RUN, alert_state, healthy
 from monitor_helpers import typed_event
 from rich.console import Console
+from textual.color import Color
 
 from dflash_tui import pager
 from dflash_tui.app import DFlashApp
@@ -340,6 +341,12 @@ def test_tab_moves_between_panes_and_z_zooms_the_focused_one():
             await pilot.pause(0.1)
             alerts = app.query_one("#alerts-box", Pane)
             assert alerts.has_focus
+            # Focus visible: the focused pane's border is the theme's accent, no other's is.
+            accent = Color.parse(app.current_theme.accent or "")
+            borders = {b.id: b.styles.border_top[1] for b in app.query(".box") if b.display}
+            focused = borders.pop("alerts-box")
+            assert all(abs(a - b) <= 2 for a, b in zip(focused.rgb, accent.rgb, strict=True))
+            assert borders and focused not in borders.values()
             await pilot.press("z")
             await pilot.pause(0.3)
             assert app.screen.maximized is alerts
