@@ -114,8 +114,10 @@ class StepLog(RichLog):
         if new <= 0:
             return
         self._total_seen = s.log_total
+        # Scrolled up (k, the wheel) to read: new lines come in below, the view stays.
+        at_end = self.is_vertical_scroll_end
         for ln in list(s.log_lines)[-min(new, len(s.log_lines)) :]:
-            self._write(highlight(ln), scroll_end=True)
+            self._write(highlight(ln), scroll_end=at_end)
 
     def toggle_follow(self, s: Store) -> bool:
         self.following = not self.following

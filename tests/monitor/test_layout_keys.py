@@ -58,6 +58,9 @@ async def fed(pilot, app: DFlashApp, events) -> None:
         app.feed(typed_event(e))
     app.redraw(force=True)
     await pilot.pause(0.3)
+    # Drawn: the header from the store, the footer once it has laid out its keys (both can
+    # take a few frames on a loaded machine).
+    await until(pilot, lambda: "step 876" in screen_text(app) and "? help" in screen_text(app))
 
 
 def line_event(text: str) -> dict:
@@ -191,17 +194,23 @@ def test_on_the_dashboard_k_scrolls_the_log_and_K_asks_to_kill():
             await fed(pilot, app, healthy())
             log = app.query_one(StepLog)
             assert log.has_focus  # the log is where the keys go first
+            await until(pilot, lambda: log.scroll_y > 0)  # at its end, once laid out
             end = log.scroll_y
-            assert end > 0
+            assert end == log.max_scroll_y > 0
             await pilot.press("k", "k")
             await pilot.pause(0.2)
             assert log.scroll_y == end - 2 and not isinstance(app.screen, ConfirmScreen)
             await pilot.press("g")
             await pilot.pause(0.2)
             assert log.scroll_y == 0
+            app.feed(typed_event(line_event("step=878 while scrolled up")))
+            await until(pilot, lambda: log.max_scroll_y > end)
+            assert log.scroll_y == 0  # reading the top: the new line does not pull it down
             await pilot.press("G")
-            await pilot.pause(0.2)
-            assert log.scroll_y == end
+            await until(pilot, lambda: "step=878 while scrolled up" in screen_text(app))
+            assert log.scroll_y == log.max_scroll_y == end + 1
+            app.feed(typed_event(line_event("step=880 at the end")))
+            await until(pilot, lambda: "step=880 at the end" in screen_text(app))  # followed
             # The dialog comes before the link is used; answered no, the link is never called
             # (these keys are about the dialog, not the kill: test_app.py kills for real).
             app.link = NO_LINK_CALLED
