@@ -81,6 +81,7 @@ class StepLog(RichLog):
         self._total_seen = 0  # the store's log_total this widget has shown up to
         self._store: Store | None = None
         self._drawn_width = 0
+        self.reading = False  # scrolled up by the operator: new lines do not pull it down
 
     def set_filter(self, pattern: str, s: Store) -> None:
         """Raises FilterError (the filter is left as it was)."""
@@ -97,6 +98,7 @@ class StepLog(RichLog):
 
     def rebuild(self, s: Store) -> None:
         self.clear()
+        self.reading = False
         self._store = s
         self._drawn_width = self.scrollable_content_region.width
         for ln in list(s.log_lines)[-self.MAX_LINES :]:
@@ -114,10 +116,45 @@ class StepLog(RichLog):
         if new <= 0:
             return
         self._total_seen = s.log_total
-        # Scrolled up (k, the wheel) to read: new lines come in below, the view stays.
-        at_end = self.is_vertical_scroll_end
         for ln in list(s.log_lines)[-min(new, len(s.log_lines)) :]:
-            self._write(highlight(ln), scroll_end=at_end)
+            self._write(highlight(ln), scroll_end=not self.reading)
+
+    # Scrolled up to read (k, PgUp, g, the wheel): new lines come in below and the view
+    # stays, until the operator scrolls back to the end (G, End, j or the wheel down there).
+    # Set by what the operator did, never by where the view is as lines arrive: a
+    # scroll to the end still under way is not a scroll away from it.
+    def action_scroll_up(self) -> None:
+        super().action_scroll_up()
+        self.reading = True
+
+    def action_page_up(self) -> None:
+        super().action_page_up()
+        self.reading = True
+
+    def action_scroll_home(self) -> None:
+        super().action_scroll_home()
+        self.reading = True
+
+    def action_scroll_end(self) -> None:
+        super().action_scroll_end()
+        self.reading = False
+
+    def action_scroll_down(self) -> None:
+        super().action_scroll_down()
+        self._still_reading()
+
+    def action_page_down(self) -> None:
+        super().action_page_down()
+        self._still_reading()
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self.reading = True
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        self.call_after_refresh(self._still_reading)
+
+    def _still_reading(self) -> None:
+        self.reading = self.scroll_target_y < self.max_scroll_y
 
     def toggle_follow(self, s: Store) -> bool:
         self.following = not self.following
