@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from textual import events, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, SuspendNotSupported, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
@@ -24,7 +26,7 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import compare, control, log_pages, run_info, sanitize, themes
+from dflash_tui import compare, control, log_pages, pager, run_info, sanitize, themes
 from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
@@ -32,48 +34,53 @@ from dflash_tui.link.link import Link, LinkError
 from dflash_tui.notify import Notifier
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
-from dflash_tui.widgets import palette, safe
+from dflash_tui.widgets import layout, palette
 from dflash_tui.widgets.alerts import AlertsPane
 from dflash_tui.widgets.compare import CompareScreen
+from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
+from dflash_tui.widgets.panes import Box, Pane, box_of
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.screens import (
     ConfirmScreen,
-    FilterScreen,
     HelpScreen,
     RestartScreen,
     RunsScreen,
     TextScreen,
 )
 from dflash_tui.widgets.stages import StagePane
-from dflash_tui.widgets.steplog import StepLog
+from dflash_tui.widgets.steplog import FilterError, StepLog
 from dflash_tui.widgets.thread_table import ThreadsScreen
 from trainer.contract.protocol import Progress
-
-STAGES_MIN_HEIGHT = 36  # rows: below this the stage bars give way to the step log
 
 
 class DFlashApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
+    # Help and quit first: at 80 columns the footer shows the first few only. Kill is K
+    # (shift): k scrolls up, as j k g G do everywhere a list scrolls (widgets/panes.py).
     BINDINGS = [
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
         Binding("r", "restart", "restart"),
-        Binding("k", "kill", "kill"),
+        Binding("K", "kill", "kill"),
         Binding("d", "dump_stacks", "stacks"),
         Binding("c", "clear_cache", "clear cache"),
         Binding("l,enter", "runs", "runs"),
         Binding("slash", "filter", "filter"),
         Binding("f", "follow", "follow"),
+        Binding("w", "wrap", "wrap"),
+        Binding("o", "pager", "pager"),
+        Binding("z", "zoom", "zoom"),
         Binding("t", "next_theme", "theme"),
         Binding("T", "threads", "threads"),
         Binding("i", "run_info", "run info", show=False),
         Binding("g", "log_top", "top of log", show=False),
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
     ]
+    AUTO_FOCUS = "#steplog"
     REFRESH_S = 0.25  # an event's redraw waits this long for the rest of its burst
     AGES_S = 1.0  # "heartbeat 3s ago", time in phase, and findings that come with time
 
@@ -131,7 +138,7 @@ class DFlashApp(App[int]):
             "kill, wait for GPU memory, launch the same config: resume or fresh (r)",
             "restart",
         ),
-        ("Kill the run", "SIGTERM its process group, then SIGKILL (k)", "kill"),
+        ("Kill the run", "SIGTERM its process group, then SIGKILL (K)", "kill"),
         ("Dump stacks", "every thread's stack, and py-spy where installed (d)", "dump_stacks"),
         ("Clear the compile cache", "refused while a run is alive (c)", "clear_cache"),
         ("Choose a run", "the runs under the run root; space marks, c compares (l)", "runs"),
@@ -139,6 +146,9 @@ class DFlashApp(App[int]):
         ("Top of the step log", "train.log from its first line, paged (g)", "log_top"),
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
+        ("Wrap the log's long lines", "or one line each, scrolled with ← → (w)", "wrap"),
+        ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
+        ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
         (
             "Threads and processes",
@@ -157,36 +167,37 @@ class DFlashApp(App[int]):
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
         with Horizontal(id="top"):
-            with Vertical(id="gpus-box", classes="box"):
+            with Pane(id="gpus-box", classes="box"):
                 yield Static("GPUs", classes="box-title")
                 yield GpuPane(id="gpus")
-            with Vertical(id="hb-box", classes="box"):
+            with Pane(id="hb-box", classes="box"):
                 yield Static("Heartbeat", classes="box-title")
                 yield HeartbeatPane(id="heartbeat")
         with Horizontal(id="middle"):
             with Vertical(id="main-col"):
                 # Next to the queues, and as wide as the step log: a bar per thread.
-                with Vertical(id="stages-box", classes="box"):
+                with Pane(id="stages-box", classes="box"):
                     yield Static("Stages · median ms per loop", classes="box-title")
                     yield StagePane(id="stages")
-                with Vertical(id="log-box", classes="box"):
+                with Box(id="log-box", classes="box"):
                     yield Static("Step log", classes="box-title", id="log-title")
                     yield StepLog(id="steplog")
             with Vertical(id="side"):
-                with Vertical(id="queues-box", classes="box"):
+                with Pane(id="queues-box", classes="box"):
                     yield Static("Queues", classes="box-title")
                     yield QueuePane(id="queues")
-                with Vertical(id="alerts-box", classes="box"):
+                with Pane(id="alerts-box", classes="box"):
                     yield Static("Alerts", classes="box-title")
                     yield AlertsPane(id="alerts")
-        with Vertical(id="plots-box", classes="box"):
+        with Pane(id="plots-box", classes="box"):
             yield Plots(id="plots")
-        yield Footer()
+        yield FilterBar(self._apply_filter, id="filter-bar")
+        yield Footer(compact=True)
 
     def on_resize(self, event: events.Resize) -> None:
-        # The step log comes first: on a short terminal (80x24) the stage bars would leave it
-        # no line at all. Their figures stay in the alerts' evidence, headless and --json.
-        self.query_one("#stages-box").display = event.size.height >= STAGES_MIN_HEIGHT
+        # Essentials first (widgets/layout.py): the stage bars, the GPUs and the plots give
+        # way on a small terminal. The dashboard is the first screen, whatever is over it.
+        layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
 
     def on_mount(self) -> None:
         palette.follow_theme(self, lambda: self.redraw(force=True))
@@ -245,18 +256,13 @@ class DFlashApp(App[int]):
         self.query_one(Plots).update_from(s)
         self._log_title()
 
-    _shown_log_title = ""
+    _shown_log_title: object = None
 
     def _log_title(self) -> None:
-        log = self.query_one(StepLog)
-        title = "Step log" + ("" if log.following else "  [paused: f to follow]")
-        if log.window is not None:  # paged back (log_pages.py): where in the file, and out
-            title = f"Step log  [train.log from byte {log.window.start:,}: G for the newest]"
-        if log.pattern:
-            title += f"  [filter: {log.pattern}]"
-        if title != self._shown_log_title:  # drawn on a change only
+        title = self.query_one(StepLog).title()
+        if title != self._shown_log_title:  # drawn on a change only (Text compares its spans)
             self._shown_log_title = title
-            self.query_one("#log-title", Static).update(safe.text(title))  # the filter: no markup
+            self.query_one("#log-title", Static).update(title)
 
     def notify(
         self,
@@ -374,6 +380,14 @@ class DFlashApp(App[int]):
         self._control("dump stacks", run)
 
     def action_clear_cache(self) -> None:
+        if self.store.process_alive():  # refused before asking: the agent would refuse too
+            self.notify(
+                f"clear cache: refused: run {self.store.alive_run or self.store.run_id} is alive "
+                "(the compile cache is in use); kill it first (K)",
+                severity="warning",
+            )
+            return
+
         async def run() -> None:
             if not await self._confirm("Delete the compile cache? The next start recompiles."):
                 return
@@ -439,14 +453,47 @@ class DFlashApp(App[int]):
         await control.follow(self.link, run_id)
 
     def action_filter(self) -> None:
-        log = self.query_one(StepLog)
+        self.query_one(FilterBar).open(self.query_one(StepLog).pattern)
 
-        def done(pattern: str | None) -> None:
-            if pattern is not None:
-                log.set_filter(pattern, self.store)
-                self.redraw(force=True)
+    def _apply_filter(self, pattern: str) -> str | None:
+        """The filter bar's pattern on the log; why not, in one line, when it is no regex."""
+        try:
+            self.query_one(StepLog).set_filter(pattern, self.store)
+        except FilterError as e:
+            return str(e)
+        self.redraw(force=True)
+        return None
 
-        self.push_screen(FilterScreen(log.pattern), done)
+    def action_wrap(self) -> None:
+        wrapped = self.query_one(StepLog).toggle_wrap(self.store)
+        self.notify("wrapping long lines" if wrapped else "one line each: ← → scroll", timeout=3)
+        self.redraw(force=True)
+
+    def action_zoom(self) -> None:
+        screen = self.screen
+        if screen.maximized is not None:
+            screen.minimize()
+            return
+        box = box_of(screen.focused)
+        if box is not None:
+            screen.maximize(box, container=False)
+
+    def action_pager(self) -> None:
+        try:
+            argv = pager.command(os.environ)
+        except pager.PagerError as e:
+            self.notify(str(e), severity="error")
+            return
+        path = pager.write_log(self.store.log_lines, self.store.run_id)
+        try:
+            with self.suspend():
+                subprocess.run([*argv, str(path)], check=False)
+        except SuspendNotSupported:
+            self.notify("o: this terminal cannot hand the screen to a pager", severity="error")
+        except OSError as e:
+            self.notify(f"$PAGER {argv[0]}: {e.strerror or e}", severity="error")
+        finally:
+            path.unlink(missing_ok=True)
 
     def action_follow(self) -> None:
         following = self.query_one(StepLog).toggle_follow(self.store)

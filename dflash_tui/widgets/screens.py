@@ -1,18 +1,19 @@
 """Modal screens: confirm, restart's choice, a scrollable text (stack dumps), help, the
-filter, the runs."""
+runs."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.widgets import Button, DataTable, Label, Static
 
 from dflash_tui.evaluation import best_tau
 from dflash_tui.facts import run_outcome
 from dflash_tui.widgets import safe
+from dflash_tui.widgets.panes import VimScroll
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
 
@@ -30,7 +31,7 @@ class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical { width: 90; height: auto; border: thick $warning;
+    ConfirmScreen > Vertical { width: 90; max-width: 100%; height: auto; border: thick $warning;
                                background: $surface; padding: 1 2; }
     """
 
@@ -59,7 +60,7 @@ class RestartScreen(ModalScreen[str | None]):
     ]
     DEFAULT_CSS = """
     RestartScreen { align: center middle; }
-    RestartScreen > Vertical { width: 100; height: auto; border: thick $warning;
+    RestartScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $warning;
                                background: $surface; padding: 1 2; }
     RestartScreen Horizontal { height: auto; margin-top: 1; }
     RestartScreen Button { margin-right: 2; }
@@ -91,13 +92,14 @@ class RestartScreen(ModalScreen[str | None]):
 
 
 class TextScreen(Screen[None]):
-    """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable;
-    escape or q goes back."""
+    """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable with
+    j k g G, the arrows and the mouse; escape or q goes back."""
 
     BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
     DEFAULT_CSS = """
-    TextScreen VerticalScroll { padding: 0 1; }
+    TextScreen VimScroll { padding: 0 1; }
     TextScreen #title { background: $panel; padding: 0 1; text-style: bold; }
+    TextScreen #keys { background: $panel; padding: 0 1; height: 1; }
     """
 
     def __init__(self, title: str, text: str) -> None:
@@ -106,28 +108,57 @@ class TextScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(safe.text(self.title_text), id="title")
-        with VerticalScroll():
+        with VimScroll(id="scroll"):
             yield Static(safe.log_text(self.body), id="body")
-        yield Footer()
+        yield Static(Text(TEXT_KEYS, style="dim"), id="keys")
 
+    def on_mount(self) -> None:
+        self.query_one(VimScroll).focus()  # j and k scroll here (kill is K, and asks)
+
+
+TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · esc/q back"
 
 HELP = """\
-r   restart the run (kill, wait for GPU memory, launch the same config): resume from
-    its newest good checkpoint, or start fresh from step 0   asks which
-k   kill the run (SIGTERM its process group, then SIGKILL), shows the drain   asks first
-d   dump every thread's stack (SIGUSR1; py-spy too where installed)
-c   clear the compile cache (refused while a run is alive)   asks first
-l   choose a run (Enter on a row: its whole history, alive or not); the latest run is
-    followed by default. In the list: space marks runs, c compares the marked ones
-i   run info: how the run ended, its exit, environment and whole config
-g   the step log from train.log's first line (PageUp at its top: the page before);
-    G / End or f: back to the newest lines
-/   filter the step log (empty filter = all lines)
-f   follow / pause the step log
-t   next theme (dark, light, high-contrast, …); remembered
-T   threads and processes: Enter on a thread shows its stack, on a process offers a signal
-?   this help
-q   quit: the remote run is left alone
+The run
+  r        restart (asks): kill, wait for GPU memory, launch the same
+           config; resume from its newest good checkpoint, or step 0
+  K        kill (shift+k; asks): SIGTERM its process group, then
+           SIGKILL; shows the GPU memory drain
+  d        dump every thread's stack (SIGUSR1; py-spy where installed)
+  c        clear the compile cache (asks); refused while a run lives
+  l Enter  choose a run (Enter on a row: its whole history, alive or
+           not); by default the latest. In the list: space marks runs,
+           c compares the marked ones
+  i        run info: how it ended, its exit, environment, whole config
+  T        threads and processes: Enter on a thread shows its stack,
+           on a process of the run offers a signal
+
+The step log
+  /        filter: a regular expression, case-insensitive, applied as
+           you type; Enter keeps it, Esc puts back the one before,
+           empty = all; the log's title counts the lines shown
+  f        follow / pause
+  w        wrap long lines, or one line each (← → scroll sideways)
+  o        the log in $PAGER (plain less without one); q comes back
+  g Home   train.log from its first line, paged (PgUp at the top: the
+           page before, PgDn at the bottom: the page after)
+  G End    back to the newest lines
+
+Panes
+  Tab      next pane, shift+Tab the one before (its border lights up)
+  z        zoom the focused pane to the whole screen; z or Esc back
+  j k      scroll down / up (↓ ↑, PgDn PgUp too) in the focused pane:
+           step log, alerts, stack viewer, runs list, this help
+  g G      to the top / the bottom
+  L        on the plots: the loss on a log scale, or back
+  mouse    the wheel scrolls the pane under the pointer; click focuses
+
+Everywhere
+  ctrl+p   the command palette: every action by name
+  t        next theme (dark, light, high-contrast, …); remembered
+  Esc      close a dialog, the filter, a zoom or a screen
+  ?        this help
+  q        quit: the remote run is left alone
 """
 
 
@@ -135,33 +166,32 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static { width: 90; height: auto; border: thick $primary;
-                          background: $surface; padding: 1 2; }
+    HelpScreen > VimScroll { width: 92; max-width: 100%; height: auto; max-height: 100%;
+                             border: thick $primary; background: $surface; padding: 0 1;
+                             scrollbar-size-vertical: 1; }
     """
 
     def compose(self) -> ComposeResult:
-        yield Static(Text("dflash-tui keys\n\n", style="bold") + Text(HELP))
+        with VimScroll():
+            yield Static(
+                Text("dflash-tui keys", style="bold")
+                + Text("   j/k scroll · esc close\n\n", style="dim")
+                + Text(HELP)
+            )
+
+    def on_mount(self) -> None:
+        self.query_one(VimScroll).focus()
 
 
-class FilterScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "cancel")]
-    DEFAULT_CSS = """
-    FilterScreen { align: center bottom; }
-    FilterScreen Input { width: 80; margin-bottom: 3; }
-    """
+class RunsTable(DataTable[object]):
+    """The runs, one a row: j k g G move the cursor as the arrows and Home/End do."""
 
-    def __init__(self, current: str) -> None:
-        super().__init__()
-        self.current = current
-
-    def compose(self) -> ComposeResult:
-        yield Input(value=self.current, placeholder="filter the step log (Enter)", id="filter")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
+    BINDINGS = [
+        Binding("j", "cursor_down", "down", show=False),
+        Binding("k", "cursor_up", "up", show=False),
+        Binding("g", "scroll_top", "top", show=False),
+        Binding("G", "scroll_bottom", "bottom", show=False),
+    ]
 
 
 class RunsScreen(ModalScreen[str | list[str] | None]):
@@ -173,10 +203,11 @@ class RunsScreen(ModalScreen[str | list[str] | None]):
         Binding("a", "latest", "follow latest"),
         Binding("space", "mark", "mark"),
         Binding("c", "compare", "compare marked"),
+        Binding("l", "cancel", "back", show=False),  # not a second runs list over this one
     ]
     DEFAULT_CSS = """
     RunsScreen { align: center middle; }
-    RunsScreen > Vertical { width: 140; height: 80%; border: thick $primary;
+    RunsScreen > Vertical { width: 140; max-width: 100%; height: 80%; border: thick $primary;
                             background: $surface; }
     RunsScreen DataTable { height: 1fr; }
     """
@@ -195,7 +226,7 @@ class RunsScreen(ModalScreen[str | list[str] | None]):
                     style="bold",
                 )
             )
-            yield DataTable(cursor_type="row", id="runs")
+            yield RunsTable(cursor_type="row", id="runs")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

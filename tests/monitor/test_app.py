@@ -22,7 +22,7 @@ from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
-from dflash_tui.widgets.screens import HelpScreen, RestartScreen, RunsScreen
+from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RestartScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Kill, Launch
 
@@ -257,26 +257,23 @@ def test_control_keys_drive_the_real_run(live_remote):
             assert 'Thread "drafter-0"' in body
             await pilot.press("escape")
 
-            # c: refused while the run is alive, after confirming
+            # c: refused at once while the run is alive, before any "Delete?"
             await pilot.press("c")
-            await pilot.press("y")
-            for _ in range(50):
-                await pilot.pause(0.1)
-                if app._busy is None:
-                    break
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, ConfirmScreen)
             assert any("is alive" in n.message for n in app._notifications)
 
-            # k, answered no: nothing happens
-            await pilot.press("k")
+            # K (k scrolls), answered no: nothing happens
+            await pilot.press("K")
             await pilot.press("n")
             await pilot.pause(0.5)
             assert app.store.process_alive() is True
 
-            # k twice: one kill only, the second press is told to wait
-            await pilot.press("k")
+            # K twice: one kill only, the second press is told to wait
+            await pilot.press("K")
             await pilot.press("y")
             await pilot.pause(0.05)
-            await pilot.press("k")
+            await pilot.press("K")
             assert any("still running" in n.message for n in app._notifications)
             for _ in range(900):  # a loaded CI machine: the stop can take a while
                 await pilot.pause(0.1)

@@ -243,7 +243,7 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
         app = DFlashApp(TARGET, theme_name="dark", link=tui_link, connect=False, clock=lambda: NOW)
         async with app.run_test(size=SIZE) as pilot:
             app.feed(typed_event({"type": "follow", "t": NOW, "run_id": RUN}))
-            for key, answer in (("k", "y"), ("r", "r")):  # r asks which: r resumes
+            for key, answer in (("K", "y"), ("r", "r")):  # r asks which: r resumes
                 await pilot.press(key)
                 await pilot.press(answer)
                 for _ in range(50):

@@ -113,7 +113,9 @@ def test_the_bar_is_the_loop_split_by_stage() -> None:
 
 @pytest.mark.parametrize(
     ("columns", "device", "stages_listed"),
-    [(200, True, 3), (120, True, 2), (80, False, 1)],
+    # Below 100 columns the side column moves above the log (widgets/layout.py), so the
+    # stage pane is widest-but-one at 80 and narrowest at 100.
+    [(200, True, 3), (120, True, 2), (100, False, 1), (80, True, 2)],
 )
 def test_it_fits_the_terminal(columns: int, device: bool, stages_listed: int) -> None:
     seen = run((columns, 60), recorded("training-cpu.json"))
@@ -127,21 +129,24 @@ def test_it_fits_the_terminal(columns: int, device: bool, stages_listed: int) ->
 
 
 def test_a_short_pane_shows_a_row_per_role() -> None:
-    """40 lines leave the stage box (half the column) 3 lines: the roles' means."""
-    (lines,) = run((120, 40), recorded("training-cpu.json"))["stages"]
-    assert [ln.split("  ")[0].split(" cpu")[0] for ln in lines] == [
+    """120x44 (the plots shown, widgets/layout.py) leaves the stage box (half the column) 4
+    lines: the roles' means and the legend."""
+    (lines,) = run((120, 44), recorded("training-cpu.json"))["stages"]
+    assert [ln.split("  ")[0].split(" cpu")[0] for ln in lines[:3]] == [
         "prefetch ×2",
         "target ×2",
         "drafter ×2",
     ]
+    assert lines[3].startswith("░ wait  █ build batch"), lines
     assert "474 ms  forward 77% · wait q_hs 21%" in lines[1]
 
 
 def test_a_pane_too_short_for_the_roles_shows_the_busiest_thread() -> None:
-    """80x36 (the shortest that shows stage bars) leaves the stage box room for one row and
-    the legend: the thread the others wait for."""
-    (lines,) = run((80, 36), recorded("training-cpu.json"))["stages"]
-    assert len(lines) == 2 and re.match(r"drafter-0 █+  452 ms  backward 49%$", lines[0]), lines
+    """80x48 (the queues and alerts above the log, the plots shown) leaves the stage box
+    room for one row and the legend: the thread the others wait for."""
+    (lines,) = run((80, 48), recorded("training-cpu.json"))["stages"]
+    assert len(lines) == 2 and re.match(r"drafter-0 cpu █+  452 ms  backward 49%", lines[0])
+    assert lines[1].startswith("░ wait"), lines
 
 
 def test_without_stage_times_it_says_why_and_updates_with_each_heartbeat() -> None:

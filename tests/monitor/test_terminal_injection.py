@@ -355,7 +355,7 @@ def test_the_tui_shows_hostile_strings_as_text(
     assert r"target-0 A\x1…" in main and r"forward A\x1b[2J B\x1b]0;title\x07" in main
     assert "[link=http://x]y[/link] [bold red]H[/]" in main  # markup shown, not applied
     assert_shows_attacks(seen["steplog"], "step log")
-    assert "[1m] step=8 loss=1.1 done 100%" in seen["steplog"] and "50%" not in seen["steplog"]
+    assert "+1m step=8 loss=1.1 done 100%" in seen["steplog"] and "50%" not in seen["steplog"]
     assert r"A\x1b[2J" in seen["runs"] and LIVE_RUN in seen["runs"]
     assert "evil" not in seen["runs"]
     assert_shows_attacks(seen["stacks"], "stacks screen", SHOWN[:2])
