@@ -276,8 +276,8 @@ def test_the_fleet_screen_opens_each_targets_dashboard_and_comes_back(three, mon
             assert rows["dead"][1] == "unreachable" and rows["dead"][3] == "—"
             assert rows["box-b"][8].endswith(" ago")
 
-            # The dashboard's control keys mean nothing here: k opens no kill dialog.
-            await pilot.press("k")
+            # The dashboard's control keys mean nothing here: K opens no kill dialog.
+            await pilot.press("K")
             await pilot.pause(0.2)
             assert app.screen is app.fleet_screen
 
