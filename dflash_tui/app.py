@@ -29,6 +29,7 @@ from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.notify import Notifier
+from dflash_tui.offline import control_refusal
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import safe
@@ -36,6 +37,7 @@ from dflash_tui.widgets.alerts import AlertsPane
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
+from dflash_tui.widgets.offline import OfflineNotes
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.screens import (
@@ -174,6 +176,8 @@ class DFlashApp(App[int]):
         self.query_one("#stages-box").display = event.size.height >= STAGES_MIN_HEIGHT
 
     def on_mount(self) -> None:
+        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
+        self.offline_notes.install()
         self.set_interval(self.REFRESH_S, self.redraw)
         if self.connect:
             if self.link is None:
@@ -196,6 +200,7 @@ class DFlashApp(App[int]):
         screen over them, or the app tearing down as the timer fires)."""
         with contextlib.suppress(NoMatches):
             self._redraw(force)
+            self.offline_notes.update(self.store)
 
     def _redraw(self, force: bool) -> None:
         s = self.store
@@ -249,6 +254,10 @@ class DFlashApp(App[int]):
             return
         if self.link is None:
             self.notify("not connected", severity="error")
+            return
+        refusal = control_refusal(self.store, name)  # at once, before any dialog
+        if refusal is not None:
+            self.notify(refusal, severity="warning")
             return
         self._busy = name
         self._run_control(name, run)
