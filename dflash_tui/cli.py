@@ -67,7 +67,7 @@ _DEFAULTS: dict[str, Any] = {
     "notify": None,
     "theme": None,
 }
-ONE_SHOT_CONNECT_S = 2.0  # a one-shot answer about a host that does not answer: < 3 s
+ONE_SHOT_CONNECT_S = 1.5  # a one-shot answer about a silent host, start-up included: < 3 s
 
 
 def _positive(text: str) -> float:
@@ -114,7 +114,7 @@ def _where(p: argparse.ArgumentParser, remote: bool = True, one_shot: bool = Tru
             type=_positive,
             metavar="S",
             help=f"seconds the host has to answer before this command gives up (default "
-            f"{ONE_SHOT_CONNECT_S:g}; the TUI and --headless keep retrying instead)",
+            f"{ONE_SHOT_CONNECT_S:g}; watching, the TUI keeps retrying instead)",
         )
 
 

@@ -25,7 +25,7 @@ them exact (JSON escapes them).
 `--once`: one snapshot, then exit 0 healthy, 1 warning or no run under the run root (the
 line names the root searched), 2 critical (crashed, hung, no heartbeat), 3 unreachable: one
 line naming the host and the cause, as soon as the first try fails (the link does not retry
-for a one-shot answer; an SSH host has `--connect-timeout`, default 2 s, to answer).
+for a one-shot answer; an SSH host has `--connect-timeout`, default 1.5 s, to answer).
 
 `--json`: one JSON object per line:
     {"kind": "event", "event": <agent or link event>}       as events arrive
