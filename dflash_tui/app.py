@@ -98,6 +98,7 @@ class DFlashApp(App[int]):
         self.clock = clock
         self._drawn_version = -1
         self._busy: str | None = None  # the control command in flight, if any
+        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
@@ -176,7 +177,6 @@ class DFlashApp(App[int]):
         self.query_one("#stages-box").display = event.size.height >= STAGES_MIN_HEIGHT
 
     def on_mount(self) -> None:
-        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
         self.offline_notes.install()
         self.set_interval(self.REFRESH_S, self.redraw)
         if self.connect:

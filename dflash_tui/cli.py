@@ -7,6 +7,10 @@
     dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
                 export} [TARGET] [options]
 
+Each command's parser lists only the options it reads (the rest keep `_DEFAULTS`). A first
+word close to a command that names no host is refused as a slip (cli_slips.py). One-shot
+commands get no retry: a host they cannot reach is their answer, exit 3, at once.
+
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
 """

@@ -1,8 +1,10 @@
 """`dflash-tui demo --headless` is over when its run is (issue 16: it never exited): the
 outcome line, exit 0 for a run that finished, non-zero for one that crashed; and `runs
 --json` of what it left is JSON. The real CPU demo (trainer/configs/demo-cpu.toml), cut
-short; its target and data are built once into the cache (~1.5 min on 2 cores, the first
-time on a machine)."""
+short and on the tiny target and data the other CLI tests train (tiny-cpu.toml's, by
+`--set`, as an operator may): the demo's own chat target is built once per test session
+(~2-4 min on 2 idle cores, far longer on a loaded one), and what is tested here is the
+demo's end, not its model."""
 
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from monitor_helpers import NO_WANDB
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+QUICK = ("target.path=builtin:tiny-qwen3", "data.path=builtin:synthetic-chat", "eval.every=1000")
+
+
 def demo(remote: Path, *sets: str, env: dict[str, str] | None = None):
     args = ["demo", "--headless", "--interval", "1", "--remote-dir", str(remote)]
-    for s in (NO_WANDB, *sets):
+    for s in (NO_WANDB, *QUICK, *sets):
         args += ["--set", s]
     return subprocess.run(
         [sys.executable, "-m", "dflash_tui.cli", *args],
@@ -48,11 +52,10 @@ def launched(stderr: str) -> str:
     return line.removeprefix("demo: launched ")
 
 
-@pytest.mark.timeout(900)  # the chat target's first build (~2-4 min on 2 cores) + the run
-def test_the_headless_demo_exits_with_its_runs_outcome(tmp_path, tiny_chat_ready):
+def test_the_headless_demo_exits_with_its_runs_outcome(tmp_path, tiny_target_dir):
     remote = tmp_path / "demo"
     try:
-        r = demo(remote, "train.max_steps=30", "eval.every=1000")
+        r = demo(remote, "train.max_steps=30")
     finally:
         kill_left(remote)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -62,10 +65,14 @@ def test_the_headless_demo_exits_with_its_runs_outcome(tmp_path, tiny_chat_ready
     assert "the run goes on until it finishes" not in r.stderr  # it did finish
     status_lines = [ln for ln in r.stdout.splitlines() if " | q_pre " in ln]
     assert status_lines and all(" q_hs " in ln for ln in status_lines)
-    queues = status_lines[-1].split(" | q_pre ")[1].split(" | ")[0]  # `8/8 8/8 q_hs 4/4 0/4`
+    # Each queue as depth/capacity, two targets' and two drafters': `8/8 8/8 q_hs 4/8 0/8`
+    queues = status_lines[-1].split(" | q_pre ")[1].split(" | ")[0]
     pre, hs = queues.split(" q_hs ")
-    assert [q.split("/")[1] for q in pre.split()] == ["8", "8"], queues  # depth/capacity
-    assert [q.split("/")[1] for q in hs.split()] == ["4", "4"], queues
+    for depths in (pre, hs):
+        assert len(depths.split()) == 2, queues
+        for q in depths.split():
+            depth, capacity = map(int, q.split("/"))
+            assert 0 <= depth <= capacity and capacity > 0, queues
 
     where = ["local", "--remote-dir", str(remote)]
     listed = subprocess.run(
@@ -82,8 +89,7 @@ def test_the_headless_demo_exits_with_its_runs_outcome(tmp_path, tiny_chat_ready
     ]
 
 
-@pytest.mark.timeout(900)
-def test_the_headless_demo_of_a_crash_exits_non_zero_saying_so(tmp_path, tiny_chat_ready):
+def test_the_headless_demo_of_a_crash_exits_non_zero_saying_so(tmp_path, tiny_target_dir):
     remote = tmp_path / "demo"
     try:
         r = demo(remote, "train.max_steps=30", env={"DFLASH_FAULT": "drafter:3"})
