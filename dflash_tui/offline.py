@@ -56,7 +56,10 @@ def control_refusal(s: Store, action: str, now: float | None = None) -> str | No
         return f"{action}: {offline}"
     if action in NEEDS_RUN and s.run_id is None:
         return f"{action}: {no_run(s)}"
-    if action in NEEDS_ALIVE_RUN and s.alive_run is None:
+    # Alive by the runs list, or by the followed run's own liveness (a trainer the agent did
+    # not launch: its heartbeat's pid): the agent's rule decides the rest, as it did before.
+    alive = s.alive_run is not None or s.process_alive() is True
+    if action in NEEDS_ALIVE_RUN and not alive:
         if s.run_id is None:
             return f"{action}: {no_run(s)}"
         outcome = s.outcome()
