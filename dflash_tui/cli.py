@@ -594,6 +594,10 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(_monitor(args, target))
             return asyncio.run(_command(name, args, target))
         args = build_parser().parse_args(argv)
+        slip = _slip(args.target) if args.target else None  # `--headless stauts` too
+        if slip is not None:
+            _err(f"unknown command {args.target!r}: did you mean {slip}?")
+            return 2
         return asyncio.run(_monitor(args, target_from(args, args.target)))
     except TargetError as e:
         _err(str(e))

@@ -58,6 +58,14 @@ def test_a_typo_close_to_a_command_is_named_not_taken_for_a_host(typed, meant, h
     assert r.stdout == ""
 
 
+def test_a_typo_after_the_options_is_named_too(home):
+    r = run_cli("--headless", "--once", "stauts", env=home)
+    assert (r.returncode, r.stderr) == (
+        2,
+        "dflash-tui: unknown command 'stauts': did you mean status?\n",
+    )
+
+
 def test_a_word_that_names_a_host_is_a_host_even_close_to_a_command(tmp_path, home):
     """`statu` as a configured target, `stats` as an ssh alias, `status.lan` with a dot:
     each is connected to (the one-shot answer shows which host it tried), not refused."""
