@@ -32,6 +32,7 @@ from dflash_tui.diagnosis import config_for, diagnose
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.notify import Notifier
+from dflash_tui.offline import control_refusal
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import layout, palette
@@ -41,6 +42,7 @@ from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
+from dflash_tui.widgets.offline import OfflineNotes
 from dflash_tui.widgets.panes import Box, Pane, box_of
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
@@ -111,6 +113,7 @@ class DFlashApp(App[int]):
         self._drawn_version = -1
         self._redraw_pending = False
         self._busy: str | None = None  # the control command in flight, if any
+        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
@@ -201,6 +204,7 @@ class DFlashApp(App[int]):
 
     def on_mount(self) -> None:
         palette.follow_theme(self, lambda: self.redraw(force=True))
+        self.offline_notes.install()
         self.set_interval(self.AGES_S, self.redraw)
         if self.connect:
             if self.link is None:
@@ -230,6 +234,7 @@ class DFlashApp(App[int]):
         screen over them, or the app tearing down as the timer fires)."""
         with contextlib.suppress(NoMatches):
             self._redraw(force)
+            self.offline_notes.update(self.store)
 
     def _redraw(self, force: bool) -> None:
         s = self.store
@@ -291,6 +296,10 @@ class DFlashApp(App[int]):
             return
         if self.link is None:
             self.notify("not connected", severity="error")
+            return
+        refusal = control_refusal(self.store, name)  # at once, before any dialog
+        if refusal is not None:
+            self.notify(refusal, severity="warning")
             return
         self._busy = name
         self._run_control(name, run)

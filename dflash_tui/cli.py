@@ -9,6 +9,10 @@
                 export} [TARGET] [options]
     dflash-tui compare RUN RUN [...] [TARGET] [--json]
 
+Each command's parser lists only the options it reads (the rest keep `_DEFAULTS`). A first
+word close to a command that names no host is refused as a slip (cli_slips.py). One-shot
+commands get no retry: a host they cannot reach is their answer, exit 3, at once.
+
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_tui import sanitize
 from dflash_tui.targets import Target, TargetError, resolve_target
 from trainer.contract.protocol import Kill, Progress, RunInfo
+from trainer.contract.typed import encode
 
 if TYPE_CHECKING:
     from dflash_tui.link.link import Link
@@ -52,40 +58,95 @@ SUBCOMMANDS = {
 }
 
 
-def _common(p: argparse.ArgumentParser, target: bool = True) -> None:
-    if target:
-        p.add_argument(
-            "target",
-            nargs="?",
-            default=None,
-            metavar="TARGET",
-            help="local (default), ssh://[user@]host[:port], an ssh alias, or a "
-            "name from ~/.config/dflash-tui/config.toml",
-        )
+# Every option any command reads, with the value it has where that command does not list it:
+# each subcommand's --help shows only its own options (issue 16), the code reads them all.
+_DEFAULTS: dict[str, Any] = {
+    "target": None,
+    "run_root": None,
+    "remote_dir": None,
+    "pct": None,
+    "exec_prefix": None,
+    "python": None,
+    "identity": None,
+    "known_hosts": None,
+    "connect_timeout": None,
+    "headless": False,
+    "once": False,
+    "json": False,
+    "interval": 2.0,
+    "notify": None,
+    "theme": None,
+}
+ONE_SHOT_CONNECT_S = 1.5  # a one-shot answer about a silent host, start-up included: < 3 s
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+    return value
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        metavar="TARGET",
+        help="local (default), ssh://[user@]host[:port], an ssh alias, or a "
+        "name from ~/.config/dflash-tui/config.toml",
+    )
+
+
+def _where(p: argparse.ArgumentParser, remote: bool = True, one_shot: bool = True) -> None:
+    """Where the runs are; `remote`: how to get there (not for the local demo)."""
     g = p.add_argument_group("where")
     g.add_argument("--run-root", help="where runs live (default: <remote-dir>/runs)")
     g.add_argument("--remote-dir", help="where deploy puts the trainer (default: ~/dflash)")
-    pre = g.add_mutually_exclusive_group()
-    pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")
-    pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
+    if remote:
+        pre = g.add_mutually_exclusive_group()
+        pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")
+        pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
     g.add_argument("--python", help="interpreter for the agent and trainer there")
-    g.add_argument("--identity", help="SSH private key file")
-    g.add_argument(
-        "--known-hosts",
-        help="known_hosts file (checking is always on; ssh config's "
-        "StrictHostKeyChecking accept-new is honoured, 'no' is refused)",
-    )
+    if remote:
+        g.add_argument("--identity", help="SSH private key file")
+        g.add_argument(
+            "--known-hosts",
+            help="known_hosts file (checking is always on; ssh config's "
+            "StrictHostKeyChecking accept-new is honoured, 'no' is refused)",
+        )
+    if remote and one_shot:
+        g.add_argument(
+            "--connect-timeout",
+            type=_positive,
+            metavar="S",
+            help=f"seconds the host has to answer before this command gives up (default "
+            f"{ONE_SHOT_CONNECT_S:g}; watching, the TUI keeps retrying instead)",
+        )
+
+
+def _headless(p: argparse.ArgumentParser, once: bool = True) -> None:
     h = p.add_argument_group("headless")
     h.add_argument("--headless", action="store_true", help="print lines, no screen")
-    h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
+    if once:
+        h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
     h.add_argument("--json", action="store_true", help="JSON lines instead of text")
     h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
+
+
+def _notify(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--notify",
         metavar="CMD",
         help="run CMD (sh -c) with a JSON finding on stdin when a critical finding appears "
         "or clears (headless, --once and the TUI), e.g. 'curl -s -d @- https://ntfy.sh/mine'",
     )
+
+
+def _theme(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--theme",
         help="TUI theme: dark, light, high-contrast or one of yours (remembered; `t` cycles)",
@@ -101,22 +162,28 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n".join(f"  {k:12s} {v}" for k, v in SUBCOMMANDS.items())
         + "\n\nWithout a command: monitor TARGET.",
     )
-    _common(p)
+    p.set_defaults(**_DEFAULTS)
+    _target(p)
+    _where(p)
+    _headless(p)
+    _notify(p)
+    _theme(p)
     return p
 
 
 def build_command_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
+    p.set_defaults(**_DEFAULTS)
     if name == "fleet":  # its targets are the config's: no target options
-        h = p.add_argument_group("headless")
-        h.add_argument("--headless", action="store_true", help="print lines, no screen")
-        h.add_argument("--once", action="store_true", help="one line per target, then exit 0-3")
-        h.add_argument("--json", action="store_true", help="JSON lines instead of text")
-        h.add_argument("--interval", type=float, default=2.0, help="seconds between snapshots")
-        p.add_argument("--theme", help="TUI theme (as for the dashboard)")
+        _headless(p)
+        _theme(p)
         return p
-    _common(p, target=name not in ("demo", "compare"))
-    if name == "compare":
+    if name == "demo":  # local, watched as the plain command watches (TUI or headless)
+        _where(p, remote=False)
+        _headless(p, once=False)
+        _notify(p)
+        _theme(p)
+    elif name == "compare":  # the run ids, then the target
         p.usage = "dflash-tui compare RUN RUN [RUN ...] [TARGET] [--json] [options]"
         p.add_argument(
             "items",
@@ -125,6 +192,14 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
             help="run ids (two or more; `dflash-tui runs` lists them), then TARGET (default "
             "local): the last one is the target when it is not shaped like a run id",
         )
+        _where(p)
+    else:
+        _target(p)
+        _where(p)
+    if name in ("status", "runs", "compare"):
+        p.add_argument("--json", action="store_true", help="JSON instead of text")
+    if name == "status":
+        _notify(p)
     if name == "launch":
         p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
     if name in ("launch", "demo"):
@@ -230,12 +305,20 @@ def _progress(event: Progress) -> None:
 Work = Callable[["Link", "Store"], Awaitable[int]]
 
 
-async def _with_link(target: Target, work: Work, follow: str | None = None) -> int:
+def _connect_timeout(args: argparse.Namespace) -> float:
+    return float(args.connect_timeout or ONE_SHOT_CONNECT_S)
+
+
+async def _with_link(
+    target: Target, work: Work, follow: str | None = None, connect_timeout: float | None = None
+) -> int:
+    """One command over a fresh link: a host it cannot reach is the answer (exit 3), at
+    once, not retried (link.py `one_shot`)."""
     from dflash_tui.link.link import BadInput, Link, LinkError
     from dflash_tui.state import Store
 
     store = Store(target.name)
-    link = Link(target, store.apply, follow=follow)
+    link = Link(target, store.apply, follow=follow, one_shot=True, connect_timeout=connect_timeout)
     link.start()
     try:
         await link.wait_connected(30)
@@ -244,8 +327,11 @@ async def _with_link(target: Target, work: Work, follow: str | None = None) -> i
         _err(str(e))
         return 2
     except LinkError as e:
+        if link.state != "connected":
+            _err(f"cannot reach {target.name}: {e}")
+            return 3
         _err(str(e))
-        return 3 if link.state != "connected" else 1
+        return 1
     finally:
         await link.close()
 
@@ -273,6 +359,17 @@ def _fmt_runs(runs: list[RunInfo], env: bool = False) -> str:
                 kernels = sanitize.field(r.preflight.summary())
                 rows.append(f"    kernels ({sanitize.field(r.preflight.device)}): {kernels}")
     return "\n".join(rows)
+
+
+def runs_json(run: RunInfo) -> dict[str, Any]:
+    """One run of `runs --json`: the agent's record, and how it ended in the outcome's
+    words (trainer/contract/outcomes.py) as `runs` prints it."""
+    from dflash_tui.facts import run_outcome
+
+    data: dict[str, Any] = encode(run)
+    outcome = run_outcome(run)
+    data["outcome"] = {"kind": outcome.kind, "summary": outcome.summary}
+    return data
 
 
 def command_work(name: str, args: argparse.Namespace) -> Work:
@@ -341,7 +438,10 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
             )
         elif name == "runs":
             runs = await control.list_runs(link, store)
-            print(_fmt_runs(runs, env=getattr(args, "env", False)))
+            if args.json:  # exact, as the agent listed them (JSON escapes the host's text)
+                print(json.dumps([runs_json(r) for r in runs], default=str))
+            else:
+                print(_fmt_runs(runs, env=getattr(args, "env", False)))
         elif name == "compare":
             return await _compare(link, store, args)
         return 0
@@ -385,7 +485,9 @@ async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
     from dflash_tui.control import ControlError
 
     try:
-        return await _with_link(target, command_work(name, args))
+        return await _with_link(
+            target, command_work(name, args), connect_timeout=_connect_timeout(args)
+        )
     except ControlError as e:
         _err(str(e))
         return 2
@@ -398,7 +500,9 @@ def _notifier(args: argparse.Namespace, target: Target, on_error: Callable[[str]
     return None if command is None else Notifier(command, target.name, on_error)
 
 
-async def _monitor(args: argparse.Namespace, target: Target, follow: str = "latest") -> int:
+async def _monitor(
+    args: argparse.Namespace, target: Target, follow: str = "latest", until_end: bool = False
+) -> int:
     from dflash_tui.headless import Headless
     from dflash_tui.notify import NotifyError
 
@@ -407,8 +511,14 @@ async def _monitor(args: argparse.Namespace, target: Target, follow: str = "late
             notifier = _notifier(args, target, _err)
             return await Headless(
                 target, interval=args.interval, as_json=args.json, once=args.once,
-                follow=follow, notifier=notifier,
+                follow=follow, notifier=notifier, connect_timeout=_connect_timeout(args),
+                until_end=until_end,
             ).run()  # fmt: skip
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            # Textual reads keys from a stdin that is not a terminal as fast as it can (at
+            # EOF, each read returns at once): one line, not a busy loop.
+            _err("not a terminal: use --headless (or --once) for lines, or run in a terminal")
+            return 2
         from dflash_tui.app import run_app
         from dflash_tui.themes import ThemeError
 
@@ -438,6 +548,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
     target = demo_target(args)
     print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
+    launched: list[str] = []
 
     async def work(link: Link, store: Store) -> int:
         r = await control.deploy(link)
@@ -447,6 +558,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, _progress
             )
             print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
+            launched.append(run.run_id)
         except Exception as e:
             if "is alive" not in str(e):
                 raise
@@ -457,7 +569,12 @@ async def _demo(args: argparse.Namespace) -> int:
     if code != 0:
         return code
     args.once = False
-    code = await _monitor(args, target)
+    # Headless, the demo is over when its run is: the outcome line, and 0 only if it finished.
+    follow = launched[0] if launched else "latest"
+    headless = args.headless or args.json
+    code = await _monitor(args, target, follow=follow, until_end=headless)
+    if headless:
+        return code
     print(
         "demo: the run goes on until it finishes; stop it with: dflash-tui kill local "
         f"--remote-dir {target.remote_dir}",
@@ -518,9 +635,27 @@ def _status_of_run_dir(args: argparse.Namespace) -> int:
     return asyncio.run(_monitor(args, target, follow=run_id))
 
 
+def _slip(word: str) -> str | None:
+    """The command a first word close to one was meant to be, unless it names a host
+    (dflash_tui/cli_slips.py); a config.toml that cannot be read names none here (the
+    target's own resolution says what is wrong with it)."""
+    from dflash_tui.cli_slips import slip_for
+    from dflash_tui.targets import load_user_targets
+
+    try:
+        configured = list(load_user_targets())
+    except TargetError:
+        configured = []
+    return slip_for(word, SUBCOMMANDS, configured)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    slip = _slip(argv[0]) if argv and name is None else None
+    if slip is not None:
+        _err(f"unknown command {argv[0]!r}: did you mean {slip}?")
+        return 2
     try:
         if name in SUBCOMMANDS:
             argv.remove(name)
@@ -542,6 +677,10 @@ def main(argv: list[str] | None = None) -> int:
                 return asyncio.run(_monitor(args, target))
             return asyncio.run(_command(name, args, target))
         args = build_parser().parse_args(argv)
+        slip = _slip(args.target) if args.target else None  # `--headless stauts` too
+        if slip is not None:
+            _err(f"unknown command {args.target!r}: did you mean {slip}?")
+            return 2
         return asyncio.run(_monitor(args, target_from(args, args.target)))
     except TargetError as e:
         _err(str(e))

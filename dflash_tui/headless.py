@@ -4,7 +4,11 @@ Lines mode (default): one status line per interval, at most 120 columns, plus ev
 step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
 
     08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | τ 2.31↑ | \
-q_pre 50/16/2 q_hs 60 | T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
+q_pre 3/8 2/8 q_hs 4/8 | T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
+
+Each queue is depth/capacity, as the TUI's gauges say it. The first finding's title ends the
+line when it fits whole; else it goes on lines of its own under it, wrapped between words,
+never cut (`--once` prints every finding in full under the line instead).
 
 `τ 2.31↑` (`tau 2.31+` without unicode) is the held-out acceptance length of the newest eval
 and its trend since the eval before (dflash_tui/evaluation.py); only for a run that evaluates.
@@ -18,8 +22,10 @@ Every string from the training host (step lines, phases, errors, findings that q
 is printed with its control characters made visible (dflash_tui/sanitize.py); `--json` prints
 them exact (JSON escapes them).
 
-`--once`: one snapshot, then exit 0 healthy, 1 warning, 2 critical (crashed, hung, no
-heartbeat), 3 unreachable.
+`--once`: one snapshot, then exit 0 healthy, 1 warning or no run under the run root (the
+line names the root searched), 2 critical (crashed, hung, no heartbeat), 3 unreachable: one
+line naming the host and the cause, as soon as the first try fails (the link does not retry
+for a one-shot answer; an SSH host has `--connect-timeout`, default 1.5 s, to answer).
 
 `--json`: one JSON object per line:
     {"kind": "event", "event": <agent or link event>}       as events arrive
@@ -64,6 +70,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import time
 from dataclasses import asdict
 from typing import TextIO
@@ -76,6 +83,8 @@ from dflash_tui.link.link import Link
 from dflash_tui.notify import Notifier
 from dflash_tui.state import ROLE_LETTER, Store
 from dflash_tui.targets import Target
+from trainer.contract.heartbeat import QueueDepth
+from trainer.contract.outcomes import FINISHED, STOPPED_EARLY
 from trainer.contract.protocol import Line
 
 WIDTH = 120
@@ -146,25 +155,54 @@ def status_line(
     if tau is not None:
         fields.append(tau.short(unicode))
     if hb is not None and (hb.queues.q_pre or hb.queues.q_hs):
-        pre = "/".join(str(q.depth) for q in hb.queues.q_pre)
-        hs = "/".join(str(q.depth) for q in hb.queues.q_hs)
-        fields.append(f"q_pre {pre} q_hs {hs}")
+        fields.append(queues_text(hb.queues.q_pre, hb.queues.q_hs))
     fields.append(gpu_summary(s, unicode))
     age = s.heartbeat_age(now)
     if age is not None:
         fields.append(f"hb {age:.1f}s")
     text = sanitize.field(" | ".join(fields))
     title = sanitize.field(findings[0].title) if findings else ""
-    # The finding first: the stage only where the title (or 40 columns of it) still fits.
-    room = width - len(text) - 3 - (min(len(title), 40) + 5 if title else 0)
+    # The finding first, whole: the stage only where the title still fits after it. A title
+    # with no room whole goes under the line (status_text), and the stage has the room.
+    need = len(title) + 5 if title else 0
+    fits = bool(title) and len(text) + need <= width
+    room = width - len(text) - 3 - (need if fits else 0)
     busy = next((b for b in busiest_stage(s) if len(b) <= room), None)
     if busy:
         text += " | " + busy
-    if findings:
-        room = width - len(text) - 5
-        if room >= 8:
-            text += " | ! " + (title if len(title) <= room else title[: room - 1] + "…")
+    if fits:
+        text += " | ! " + title
     return text[:width]
+
+
+def queues_text(q_pre: list[QueueDepth], q_hs: list[QueueDepth]) -> str:
+    """Each queue as depth/capacity, as the TUI's gauges say it: `q_pre 3/8 2/8 q_hs 4/8`."""
+
+    def each(queues: list[QueueDepth]) -> str:
+        return " ".join(f"{q.depth}/{q.capacity}" for q in queues) or "-"
+
+    return f"q_pre {each(q_pre)} q_hs {each(q_hs)}"
+
+
+def status_text(
+    s: Store,
+    findings: list[Finding],
+    now: float | None = None,
+    unicode: bool = True,
+    width: int = WIDTH,
+) -> str:
+    """The status line and, where it had no room for the first finding's title whole, the
+    title on lines of its own under it: wrapped between words, never cut."""
+    line = status_line(s, findings, now, unicode, width)
+    if not findings or (s.link.state != "connected" and s.hello is None):
+        return line
+    title = sanitize.field(findings[0].title)
+    if line.endswith(" | ! " + title):
+        return line
+    wrapped = textwrap.wrap(
+        title, width, initial_indent="  ! ", subsequent_indent="    ", break_long_words=False
+    )
+    return "\n".join([line, *wrapped])
 
 
 def busiest_stage(s: Store) -> list[str]:
@@ -186,6 +224,16 @@ def busiest_stage(s: Store) -> list[str]:
     return [f"{name} {stage} {share} of {period}", f"{short} {stage} {share}", f"{short} {stage}"]
 
 
+def run_root_of(s: Store, target: Target) -> str:
+    """The run root the agent searched (its own, expanded), else the one asked for."""
+    return (s.hello.run_root if s.hello is not None else "") or target.effective_run_root
+
+
+def unreachable_line(s: Store, target: Target) -> str:
+    """`status` of a host it could not reach: one line, the host and the cause."""
+    return f"cannot reach {target.name}: {s.link.detail or 'no answer'}"
+
+
 def host_summary(s: Store) -> str | None:
     """The host in one line for `status` (dflash_tui/host_context.py)."""
     return host_context.summary(s.host)
@@ -194,6 +242,8 @@ def host_summary(s: Store) -> str | None:
 def exit_code_for(s: Store, findings: list[Finding]) -> int:
     if s.hello is None or s.link.state == "refused":
         return EXIT_UNREACHABLE
+    if s.follow_received and s.run_id is None:
+        return EXIT_WARNING  # nothing to watch is not healthy (issue 16)
     if any(f.severity == "critical" for f in findings):
         return EXIT_CRITICAL
     if s.run_id is not None and s.heartbeat is None and s.process_alive():
@@ -237,8 +287,14 @@ class Headless:
         link: Link | None = None,
         follow: str = "latest",
         notifier: Notifier | None = None,
+        connect_timeout: float | None = None,
+        until_end: bool = False,
     ) -> None:
+        """`once`: one answer, so a host that cannot be reached is the answer at once (the
+        link does not retry), within `connect_timeout`. `until_end`: exit when the followed
+        run ends, with its outcome (the demo)."""
         self.target = target
+        self.until_end = until_end
         self.notifier = notifier
         self.out = out or sys.stdout
         self.interval = interval
@@ -249,7 +305,9 @@ class Headless:
         self.color = self.out.isatty() and not os.environ.get("NO_COLOR") and not as_json
         encoding = getattr(self.out, "encoding", "") or ""
         self.unicode = encoding.lower().replace("-", "") in ("utf8", "utf16", "utf32")
-        self.link = link or Link(target, self.on_event, follow=follow)
+        self.link = link or Link(
+            target, self.on_event, follow=follow, one_shot=once, connect_timeout=connect_timeout
+        )
         self._stop = asyncio.Event()
 
     def write(self, text: str) -> None:
@@ -293,7 +351,10 @@ class Headless:
                 },
                 default=str,
             )
-        line = status_line(self.store, findings, unicode=self.unicode)
+        if self.once:  # the findings follow in full
+            line = status_line(self.store, findings, unicode=self.unicode)
+        else:
+            line = status_text(self.store, findings, unicode=self.unicode)
         if self.color and findings:
             colour = "31" if findings[0].severity == "critical" else "33"
             line = f"\x1b[{colour}m{line}\x1b[0m"
@@ -310,14 +371,20 @@ class Headless:
                 await settled(self.store, timeout=15.0)
                 findings = diagnose(self.store, config=self.diagnosis)
                 self._notify(findings)
+                code = exit_code_for(self.store, findings)
+                if code == EXIT_UNREACHABLE and not self.as_json:
+                    self.say(unreachable_line(self.store, self.target))
+                    return code
                 self.write(self.snapshot_text(findings))
+                if self.store.run_id is None and self.store.follow_received and not self.as_json:
+                    self.say(f"no run under {run_root_of(self.store, self.target)}")
                 host = host_summary(self.store)
                 if host is not None and not self.as_json:
                     self.say(host)  # the path is the host's
                 if not self.as_json:
                     for f in findings:
                         self.say(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")
-                return exit_code_for(self.store, findings)
+                return code
             while not self._stop.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval)
@@ -325,11 +392,26 @@ class Headless:
                     findings = diagnose(self.store, config=self.diagnosis)
                     self._notify(findings)
                     self.write(self.snapshot_text(findings))
+                    ended = self._ended()
+                    if ended is not None:
+                        return ended
             return EXIT_OK
         finally:
             await self.link.close()
             if self.notifier is not None:
                 self.notifier.close()
+
+    def _ended(self) -> int | None:
+        """`until_end`: once the followed run is over, its outcome line and exit code (0 it
+        finished, 1 stopped early, 2 crashed, killed or died); None while it goes on."""
+        outcome = self.store.outcome() if self.until_end else None
+        if outcome is None:
+            return None
+        if not self.as_json:
+            self.say(f"{self.store.run_id} {outcome.summary}")
+        if outcome.kind == FINISHED:
+            return EXIT_OK
+        return EXIT_WARNING if outcome.kind == STOPPED_EARLY else EXIT_CRITICAL
 
     def _notify(self, findings: list[Finding]) -> None:
         if self.notifier is not None:

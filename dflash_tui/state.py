@@ -66,6 +66,7 @@ class LinkInfo:
     retry_in: float | None = None
     rtt_ms: float | None = None
     sessions: int = 0
+    failure: str = ""  # why the last try failed (a `connecting` detail names only the host)
 
 
 class GpuPoint(NamedTuple):
@@ -198,7 +199,10 @@ class Store:
         self.link.detail = e.detail
         self.link.attempt = e.attempt
         self.link.retry_in = e.retry_in
+        if e.state in ("reconnecting", "refused"):
+            self.link.failure = e.detail
         if e.state == "connected":
+            self.link.failure = ""
             self.link.sessions += 1
             self.clock_offset = None  # a new agent, maybe a new host clock
 

@@ -294,6 +294,8 @@ class Agent:
     def follow_nothing(self) -> None:
         with self.lock:
             self.run_id = None
+        # Said, not left silent: a one-shot `status` knows at once there is no run to wait for.
+        self.out.emit(Follow(run_id=None))
 
     # -- the runs list and liveness ----------------------------------------------------------
     def check_runs(self) -> None:

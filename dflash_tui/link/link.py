@@ -66,11 +66,17 @@ class Link:
         follow: str | None = "latest",
         agent_extra: list[str] | None = None,
         transport: Any = None,
+        one_shot: bool = False,
+        connect_timeout: float | None = None,
     ) -> None:
+        """`one_shot`: a command that answers once (status, kill, runs…): if the first try
+        gets no session, that is the answer (state `refused`), not a retry with backoff.
+        `connect_timeout`: seconds an SSH host has to answer (the transport's default)."""
         self.target = target
         self.sink = sink
         self.follow_target = follow  # None: no file following (one-shot control commands)
-        self.transport = transport or make_transport(target, agent_extra)
+        self.one_shot = one_shot
+        self.transport = transport or make_transport(target, agent_extra, connect_timeout)
         self.offsets: dict[str, dict[str, int]] = {}  # run_id -> file -> next byte
         self.run_id: str | None = None
         self._agent: Any = None
@@ -152,7 +158,8 @@ class Link:
                 reason = await self._session(agent)
             except ConnectError as e:
                 reason = str(e)
-                if e.fatal:
+                # One-shot and never connected: the cause is the answer (a TUI keeps trying).
+                if e.fatal or (self.one_shot and self.sessions == 0):
                     self._fatal = reason
                     self._last_detail = reason
                     self._status("refused", reason)

@@ -183,11 +183,18 @@ class SshTransport:
 
     KEEPALIVE_S = 15
     KEEPALIVE_COUNT = 3
-    CONNECT_TIMEOUT_S = 10
+    CONNECT_TIMEOUT_S = 10.0
 
-    def __init__(self, target: Target, agent_extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        target: Target,
+        agent_extra: list[str] | None = None,
+        connect_timeout: float | None = None,
+    ) -> None:
         self.target = target
         self.agent_extra = agent_extra or []
+        # One-shot commands pass a short one: an unroutable host answers in seconds, not 10.
+        self.connect_timeout = connect_timeout or self.CONNECT_TIMEOUT_S
         self.conn: Any = None
         self.recorded: str | None = None  # the known_hosts line accept-new added
 
@@ -200,7 +207,7 @@ class SshTransport:
         options: dict[str, Any] = {
             "keepalive_interval": self.KEEPALIVE_S,
             "keepalive_count_max": self.KEEPALIVE_COUNT,
-            "connect_timeout": self.CONNECT_TIMEOUT_S,
+            "connect_timeout": self.connect_timeout,
         }
         if t.port:
             options["port"] = t.port
@@ -241,7 +248,7 @@ class SshTransport:
         except (TimeoutError, OSError) as e:
             text = str(e) or type(e).__name__
             if isinstance(e, asyncio.TimeoutError):
-                text = f"no answer within {self.CONNECT_TIMEOUT_S}s"
+                text = f"no answer within {self.connect_timeout:g}s"
             raise ConnectError(f"{where} unreachable: {text}") from None
         learned = next((c.learned for c in made if c.learned is not None), None)
         if learned is not None:  # accept-new: trusted on first use, kept as OpenSSH keeps it
@@ -286,7 +293,9 @@ class SshTransport:
         return self.target.describe()
 
 
-def make_transport(target: Target, agent_extra: list[str] | None = None) -> Any:
+def make_transport(
+    target: Target, agent_extra: list[str] | None = None, connect_timeout: float | None = None
+) -> Any:
     if target.kind == "local":
         return LocalTransport(target, agent_extra)
-    return SshTransport(target, agent_extra)
+    return SshTransport(target, agent_extra, connect_timeout)

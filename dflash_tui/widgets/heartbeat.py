@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from dflash_tui import compile_progress, evaluation
+from dflash_tui import compile_progress, evaluation, offline
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
@@ -30,7 +30,7 @@ class HeartbeatPane(Static):
         if hb is None:
             outcome = s.outcome()
             if s.run_id is None:
-                t.add_row("run", "no run under the run root yet")
+                t.add_row("run", safe.text(offline.no_run(s)))  # names the root searched
             elif outcome is not None:
                 t.add_row("exited", safe.text(outcome.summary, "red"))
             else:

@@ -242,7 +242,10 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
     async def go() -> None:
         app = DFlashApp(TARGET, theme_name="dark", link=tui_link, connect=False, clock=lambda: NOW)
         async with app.run_test(size=SIZE) as pilot:
+            # Connected, with the run alive: control keys are refused without (test_offline).
+            app.feed(typed_event({"type": "link", "t": NOW, "state": "connected"}))
             app.feed(typed_event({"type": "follow", "t": NOW, "run_id": RUN}))
+            app.feed(typed_event({"type": "runs", "t": NOW, "runs": [], "alive_run": RUN}))
             for key, answer in (("K", "y"), ("r", "r")):  # r asks which: r resumes
                 await pilot.press(key)
                 await pilot.press(answer)
