@@ -38,6 +38,7 @@ from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.replay import REFUSED, ReplayScreen
 from dflash_tui.widgets.screens import (
     ConfirmScreen,
     FilterScreen,
@@ -64,6 +65,7 @@ class DFlashApp(App[int]):
         Binding("l,enter", "runs", "runs"),
         Binding("slash", "filter", "filter"),
         Binding("f", "follow", "follow"),
+        Binding("p", "replay", "replay"),
         Binding("t", "next_theme", "theme"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -78,9 +80,11 @@ class DFlashApp(App[int]):
         connect: bool = True,
         clock: Callable[[], float] = time.time,
         notify_command: str | None = None,
+        replay: tuple[str, str | None] | None = None,
     ) -> None:
         """`connect=False`: no link is started (tests feed events with `feed`).
-        `notify_command`: --notify's CMD (dflash_tui/notify.py)."""
+        `notify_command`: --notify's CMD (dflash_tui/notify.py). `replay`: (RUN, --at) of
+        `dflash-tui replay`: follow RUN and open its replay at once."""
         super().__init__()
         self.target = target
         self.notifier = (
@@ -92,6 +96,7 @@ class DFlashApp(App[int]):
         )
         self.store = Store(target.name, clock=clock)
         self.connect = connect
+        self.replay_request = replay
         self.link: Any = link
         self.clock = clock
         self._drawn_version = -1
@@ -129,6 +134,7 @@ class DFlashApp(App[int]):
         ("Choose a run", "the runs under the run root (l)", "runs"),
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
+        ("Replay the run", "its telemetry with these panes, at any moment (p)", "replay"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
         ("Help", "the keys (?)", "help"),
     )
@@ -177,9 +183,13 @@ class DFlashApp(App[int]):
         self.set_interval(self.REFRESH_S, self.redraw)
         if self.connect:
             if self.link is None:
-                self.link = Link(self.target, self.feed)
+                follow = self.replay_request[0] if self.replay_request else "latest"
+                self.link = Link(self.target, self.feed, follow=follow)
             self.link.start()
         self.redraw(force=True)
+        if self.replay_request is not None:
+            run_id, at = self.replay_request
+            self.push_screen(ReplayScreen(run_id, at, config=self.diagnosis))
 
     async def on_unmount(self) -> None:
         if self.link is not None and self.connect:
@@ -194,6 +204,8 @@ class DFlashApp(App[int]):
     def redraw(self, force: bool = False) -> None:
         """Redraw the panes from the store; skipped while they are not on screen (a full
         screen over them, or the app tearing down as the timer fires)."""
+        if getattr(self.screen, "replaying", False):
+            return  # the replay draws its own store (widgets/replay.py)
         with contextlib.suppress(NoMatches):
             self._redraw(force)
 
@@ -244,6 +256,9 @@ class DFlashApp(App[int]):
 
     # -- control ------------------------------------------------------------------------
     def _control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        if getattr(self.screen, "replaying", False):
+            self.notify(REFUSED, severity="warning")  # the palette's way to the actions
+            return
         if self._busy is not None:
             self.notify(f"{self._busy} is still running: wait for it", severity="warning")
             return
@@ -386,6 +401,10 @@ class DFlashApp(App[int]):
         themes.remember_theme(self.theme)
         self.notify(f"theme: {self.theme}", timeout=2)
 
+    def action_replay(self) -> None:
+        """The followed run's telemetry, scrubbed with these panes; escape comes back."""
+        self.push_screen(ReplayScreen(self.store.run_id, config=self.diagnosis))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -395,6 +414,12 @@ async def run_app(target: Target, args: argparse.Namespace) -> int:
     if theme and theme not in themes.available_themes():
         known = ", ".join(sorted(themes.available_themes()))
         raise themes.ThemeError(f"--theme {theme!r}: no such theme (known: {known})")
-    app = DFlashApp(target, theme_name=theme, notify_command=getattr(args, "notify", None))
+    run = getattr(args, "replay_run", None)
+    app = DFlashApp(
+        target,
+        theme_name=theme,
+        notify_command=getattr(args, "notify", None),
+        replay=(run, getattr(args, "at", None)) if run else None,
+    )
     await app.run_async()
     return 0

@@ -41,6 +41,8 @@ SUBCOMMANDS = {
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
     "the host's GPU runs saved, for deploy to ship",
+    "replay": "scrub through a run's telemetry with the TUI's panes (--headless: the "
+    "status at --at, as `status` prints it)",
     "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
     "SGLang load it, into <remote-dir>/exports/ on the host",
 }
@@ -101,7 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_command_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
+    if name == "replay":
+        p.add_argument("replay_run", metavar="RUN", help="the run id (`dflash-tui runs`)")
     _common(p, target=name != "demo")
+    if name == "replay":
+        p.add_argument(
+            "--at",
+            metavar="TIME",
+            help="start at TIME: -5m, -1h30m, -90s before the end, a clock time 12:03:00, "
+            "or end (default)",
+        )
     if name == "launch":
         p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
     if name in ("launch", "demo"):
@@ -439,17 +450,52 @@ def _status_of_run_dir(args: argparse.Namespace) -> int:
     return asyncio.run(_monitor(args, target, follow=run_id))
 
 
+def _at_joined(argv: list[str]) -> list[str]:
+    """`--at -5m` as `--at=-5m`: argparse takes a value that starts with '-' for an option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--at" and arg.startswith("-"):
+            out[-1] = f"--at={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """`replay RUN [TARGET] [--at TIME]`: the TUI on the run's replay (escape: live), or with
+    --headless/--json the status at TIME (dflash_tui/replay_headless.py)."""
+    from dflash_tui.replay import ReplayError, parse_at
+
+    try:
+        if args.at is not None:
+            parse_at(args.at, 0.0)  # a bad --at is refused before connecting
+        target = target_from(args, args.target)
+        if not (args.headless or args.json or args.once):
+            return asyncio.run(_monitor(args, target))  # run_app opens the replay
+        from dflash_tui import replay_headless
+
+        work = replay_headless.work(target, args.replay_run, args.at, args.json)
+        return asyncio.run(_with_link(target, work))
+    except ReplayError as e:
+        _err(str(e))
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     try:
         if name in SUBCOMMANDS:
             argv.remove(name)
+            if name == "replay":
+                argv = _at_joined(argv)
             args = build_command_parser(name).parse_args(argv)
             if name == "demo":
                 return asyncio.run(_demo(args))
             if name == "status" and args.run_dir:
                 return _status_of_run_dir(args)
+            if name == "replay":
+                return _replay(args)
             target = target_from(args, args.target)
             if name == "status":
                 args.once = True

@@ -435,6 +435,9 @@ async def follow(link: Requester, run_id: str) -> str | None:
     return _answer(Followed, cmd, await link.request(cmd)).run_id
 
 
-async def read_file(link: Requester, name: str, run_id: str | None = None) -> FileText:
-    cmd = ReadFile(name=name, run_id=run_id)
+async def read_file(
+    link: Requester, name: str, run_id: str | None = None, tail_bytes: int = 1 << 20
+) -> FileText:
+    """The last `tail_bytes` of one of the run's files (a replay asks for more)."""
+    cmd = ReadFile(name=name, run_id=run_id, tail_bytes=tail_bytes)
     return _answer(FileText, cmd, await link.request(cmd))

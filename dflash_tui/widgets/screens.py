@@ -120,6 +120,8 @@ c   clear the compile cache (refused while a run is alive)   asks first
 l   choose a run (Enter on a row); the latest run is followed by default
 /   filter the step log (empty filter = all lines)
 f   follow / pause the step log
+p   replay the run's telemetry with these panes: ←/→ an entry, [/] a minute, home/end,
+    e the end; control keys are off there; escape returns to live
 t   next theme (dark, light, high-contrast, …); remembered
 ?   this help
 q   quit: the remote run is left alone
