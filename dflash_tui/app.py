@@ -100,6 +100,7 @@ class DFlashApp(App[int]):
         self.link: Any = link
         self.clock = clock
         self._drawn_version = -1
+        self._notified_version = -1  # the live store's version --notify saw during a replay
         self._busy: str | None = None  # the control command in flight, if any
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
@@ -205,7 +206,13 @@ class DFlashApp(App[int]):
         """Redraw the panes from the store; skipped while they are not on screen (a full
         screen over them, or the app tearing down as the timer fires)."""
         if getattr(self.screen, "replaying", False):
-            return  # the replay draws its own store (widgets/replay.py)
+            # The replay draws its own store (widgets/replay.py); --notify still hears the
+            # live run.
+            if self.notifier is not None and self.store.version != self._notified_version:
+                self._notified_version = self.store.version
+                findings = diagnose(self.store, self.clock(), self.diagnosis)
+                self.notifier.update(findings, self.store.run_id)
+            return
         with contextlib.suppress(NoMatches):
             self._redraw(force)
 

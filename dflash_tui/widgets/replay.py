@@ -57,8 +57,9 @@ class ReplayScreen(Screen[None]):
         Binding("shift+left,left_square_bracket", "minutes(-1)", "−1 min", priority=True),
         Binding("shift+right,right_square_bracket", "minutes(1)", "+1 min", priority=True),
         Binding("home", "first", "start", show=False, priority=True),
-        Binding("end,e", "last", "end", priority=True),
+        Binding("end,e", "last", "the end", priority=True),
         Binding("escape", "live", "live"),
+        Binding("p", "noop", "", show=False),  # a replay in a replay: nothing to add
         # The app's control keys, taken here first (its palette is guarded in `_control`).
         Binding("r,k,d,c", "refused", "", show=False),
     ]
@@ -183,6 +184,9 @@ class ReplayScreen(Screen[None]):
 
     def action_last(self) -> None:
         self._go(len(self.recording.entries) - 1 if self.recording else 0)
+
+    def action_noop(self) -> None:
+        pass
 
     def action_refused(self) -> None:
         self.app.notify(REFUSED, severity="warning")

@@ -23,6 +23,7 @@ import pytest
 from rich.console import Console
 
 from dflash_tui.app import DFlashApp
+from dflash_tui.replay import recording
 from dflash_tui.targets import Target
 from dflash_tui.widgets.alerts import AlertsPane
 from dflash_tui.widgets.gpus import GpuPane
@@ -91,7 +92,9 @@ def replay_screen(app: DFlashApp) -> ReplayScreen:
 
 
 def bar(app: DFlashApp) -> str:
-    return plain(app.screen.query_one(ReplayBar))
+    """The replay bar's text; "" before the screen has composed it."""
+    found = app.screen.query(ReplayBar)
+    return plain(found.first()) if found else ""
 
 
 def pane(app: DFlashApp, cls) -> str:
@@ -307,3 +310,38 @@ def test_headless_refuses_a_bad_at_and_an_unknown_run_in_one_line(runs):
     )  # fmt: skip
     assert r.returncode == 2
     assert "no run 'no-such-run'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_notify_still_pages_for_the_live_run_while_a_replay_is_open(tmp_path, runs):
+    """The live store goes on being fed under the replay: a live crash must still page
+    (--notify), whatever moment of the past is on screen. The live run here is the recorded
+    SIGKILL scenario (a real run killed -9), fed to the real TUI."""
+    from monitor_helpers import typed_event
+    from test_diagnosis import NOW, events
+
+    got = tmp_path / "paged.jsonl"
+    folder = runs / RUN
+    rec = recording(
+        RUN,
+        (folder / "telemetry.jsonl").read_text(),
+        (folder / "metrics.jsonl").read_text(),
+        (folder / "train.log").read_text(),
+    )
+
+    async def go() -> None:
+        app = DFlashApp(
+            Target(name="cpu-box", kind="ssh", host="cpu-box"), theme_name="dark",
+            connect=False, clock=lambda: NOW, notify_command=f"cat >> {got}",
+        )  # fmt: skip
+        async with app.run_test(size=SIZE) as pilot:
+            app.push_screen(ReplayScreen(RUN, "-30s", recording=rec))
+            await until(pilot, lambda: "before the end" in bar(app))
+            for e in events("recorded/killed_sigkill.jsonl"):
+                app.feed(typed_event(e))
+            await until(pilot, lambda: got.exists() and got.read_text().strip() != "")
+            assert isinstance(app.screen, ReplayScreen)
+            assert "before the end" in bar(app)  # the replay stayed where it was
+
+    asyncio.run(go())
+    pages = [json.loads(line) for line in got.read_text().splitlines()]
+    assert "killed" in [p["finding"]["code"] for p in pages]
