@@ -5,8 +5,8 @@ telemetry.jsonl (trainer/contract/telemetry.py) is the run's heartbeat history: 
 and its row in the runs list, each line decoded through the contract; a line that does not
 decode (or names another run, or a time that is no time) is skipped and counted, never
 fatal. `Recording.store_at(i)` builds a fresh `Store` whose clock is pinned to entry i's
-`now` and feeds it what had happened by then: the heartbeat history of the last hour as
-telemetry lines, entry i as the heartbeat, the metrics rows and log lines written by then,
+`now` and gives it what had happened by then: the heartbeat history of the hour before (as
+decoded), entry i as the heartbeat event, the metrics rows and log lines written by then,
 and the process as alive (an entry before the last is a moment the run was running) or, at
 the last entry, as the runs list says it ended. Every pane and every diagnosis rule then
 reads it unchanged: the alerts are the rules evaluated at that moment.
@@ -27,13 +27,12 @@ import time
 
 from dflash_tui.fmt import duration
 from dflash_tui.link.events import LinkStatus
-from dflash_tui.state import HISTORY_WINDOW_S, Store
+from dflash_tui.state import HISTORY_MAX, HISTORY_WINDOW_S, Store
 from trainer.contract.heartbeat import Heartbeat
 from trainer.contract.protocol import (
     Follow,
     HeartbeatEvent,
     Hello,
-    Line,
     Liveness,
     RunInfo,
     RunsEvent,
@@ -117,8 +116,11 @@ class Recording:
         last = index == len(self.entries) - 1
         for event in self._process_at(last, now):
             s.apply(event)
-        for earlier in self.entries[self.index_at(now - HISTORY_WINDOW_S) : index]:
-            s.apply(self._line("telemetry.jsonl", earlier.text, earlier.beat.now))
+        # The look-back the rules read (GIL, recompiles, eval history): the hour before, as
+        # the live store keeps it. Decoded once, when read: decoding ~700 entries again on
+        # every key would take a second.
+        window = self.entries[self.index_at(now - HISTORY_WINDOW_S) : index]
+        s.heartbeats = [e.beat for e in window[-HISTORY_MAX:]]
         s.apply(HeartbeatEvent(run_id=self.run_id, data=json.loads(entry.text), t=now))
         # Filled directly, not line by line: a week's metrics would make every key slow.
         rows = [r for r in self.metrics if r.time <= now]
@@ -151,9 +153,6 @@ class Recording:
             RunsEvent(runs=runs, alive_run=self.run_id if alive else None, t=now),
             Liveness(run_id=self.run_id, alive=alive, exit=exit_record, t=now),
         ]
-
-    def _line(self, file: str, text: str, t: float) -> Line:
-        return Line(run_id=self.run_id, file=file, offset=0, end=0, text=text, t=t)
 
     # -- what the replay bar says --------------------------------------------------------
     def when(self, index: int) -> str:
