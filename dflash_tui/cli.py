@@ -6,6 +6,7 @@
     dflash-tui demo [--headless]
     dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
                 export} [TARGET] [options]
+    dflash-tui replay RUN [TARGET] [--at TIME] [--headless [--json]]
 
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
