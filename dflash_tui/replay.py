@@ -42,9 +42,10 @@ from trainer.contract.steplines import parse_step_line
 from trainer.contract.telemetry import parse_telemetry_line
 from trainer.contract.typed import Unreadable
 
-# What a replay asks the agent for: the end of each file. The answer is one protocol line
-# (MAX_LINE_BYTES, 8 MiB, JSON-escaped): 4 MiB of telemetry is the last ~6 hours of a run.
-TAIL_BYTES = {"telemetry.jsonl": 4 << 20, "metrics.jsonl": 1 << 20, "train.log": 1 << 20}
+# How much of each file's end a replay reads (replay_source.py pages back through it): a
+# heartbeat is 4-10 KB, so 16 MiB of telemetry is thousands of entries, a ten-day run's
+# thinned history; train.log's last MiB is the step log's 5000 lines and the traceback.
+TAIL_BYTES = {"telemetry.jsonl": 16 << 20, "metrics.jsonl": 4 << 20, "train.log": 1 << 20}
 # A heartbeat's `now` outside this is no time this run could have written (1e400 is inf).
 SANE_TIME = (0.0, 1e11)
 REPLAY_STATE = "replay"  # the link state a replayed store shows: nothing here is live
@@ -177,9 +178,8 @@ def _sane_time(t: float) -> bool:
     return math.isfinite(t) and SANE_TIME[0] < t < SANE_TIME[1]
 
 
-def _complete_lines(text: str, cut: bool) -> list[str]:
-    lines = text.splitlines()
-    return lines[1:] if cut and lines else lines  # a tail starts inside a line
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
 
 
 def recording(
@@ -194,12 +194,12 @@ def recording(
     run_dir: str | None = None,
     target: str = "local",
 ) -> Recording:
-    """The three files' texts decoded through the contract; `cut`: files of which only the
-    end was read (their first line is partial and dropped). Raises ReplayError when no
-    telemetry line of this run decodes."""
+    """The three files' texts (whole lines) decoded through the contract; `cut`: files whose
+    oldest lines were not read. Raises ReplayError when no telemetry line of this run
+    decodes."""
     skipped, why = 0, None
     by_time: dict[float, Entry] = {}
-    for text in _complete_lines(telemetry, "telemetry.jsonl" in cut):
+    for text in _lines(telemetry):
         if not text.strip():
             continue
         got = parse_telemetry_line(text)
@@ -217,7 +217,7 @@ def recording(
             + (f" ({skipped} lines unreadable; the last: {why})" if skipped else "")
         )
     rows = []
-    for text in _complete_lines(metrics, "metrics.jsonl" in cut):
+    for text in _lines(metrics):
         if not text.strip():
             continue
         row = parse_metrics_line(text)
@@ -229,7 +229,7 @@ def recording(
         run_id=run_id,
         entries=[by_time[t] for t in sorted(by_time)],
         metrics=rows,
-        log=_complete_lines(log, "train.log" in cut),
+        log=_lines(log),
         skipped=skipped,
         skipped_last=why,
         cut=list(cut),

@@ -17,7 +17,7 @@ from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
-from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
+from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, tail_or_empty
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
@@ -88,12 +88,14 @@ def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
         raise CommandError("no run to read from")
     run_dir = agent.runs.checked_dir(run_id)
     try:
-        text = read_tail(run_dir, cmd.name, cmd.tail_bytes or 1 << 20)
+        text, start, size = read_page(
+            run_dir, cmd.name, cmd.tail_bytes or 1 << 20, cmd.before, cmd.lines
+        )
     except FileNotFoundError:
         raise CommandError(f"{os.path.join(run_dir, cmd.name)}: no such file") from None
     except OSError as e:
         raise CommandError(f"{os.path.join(run_dir, cmd.name)}: {e.strerror}") from None
-    return {"run_id": run_id, "name": cmd.name, "text": text}
+    return {"run_id": run_id, "name": cmd.name, "text": text, "start": start, "size": size}
 
 
 # -- long: each on a thread of its own -------------------------------------------------------

@@ -162,7 +162,8 @@ class ReplayScreen(Screen[None]):
         if rec.skipped:
             t.append(f" · {rec.skipped} unreadable lines skipped", style="yellow")
         if rec.cut:
-            t.append(safe.text(f" · only the end of {', '.join(rec.cut)} read"), style="yellow")
+            cut = ", ".join(rec.cut)
+            t.append(safe.text(f" · only the end of {cut} read: older lines left", "yellow"))
         return t
 
     # -- keys ----------------------------------------------------------------------------

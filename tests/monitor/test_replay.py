@@ -345,3 +345,53 @@ def test_notify_still_pages_for_the_live_run_while_a_replay_is_open(tmp_path, ru
     asyncio.run(go())
     pages = [json.loads(line) for line in got.read_text().splitlines()]
     assert "killed" in [p["finding"]["code"] for p in pages]
+
+
+def test_a_long_telemetry_is_paged_back_in_whole_lines_through_the_agent(runs):
+    """One answer holds a page; a longer file is read back a page of whole lines at a time
+    (here pages of 8 KB, a heartbeat being ~5 KB): what arrives is the file, byte for byte;
+    with a smaller budget, its newest whole lines, and it says older ones were left."""
+    from dflash_tui.link.link import Link
+    from dflash_tui.replay_source import read_back
+    from dflash_tui.state import Store
+
+    path = runs / RUN / "telemetry.jsonl"
+    raw = path.read_bytes()
+
+    async def go():
+        store = Store("local")
+        link = Link(target_for(runs), store.apply, follow=None)
+        link.start()
+        try:
+            await link.wait_connected(30)
+            whole, cut = await read_back(link, "telemetry.jsonl", RUN, 1 << 20, page=8192)
+            assert whole.encode() == raw and not cut
+            part, cut = await read_back(link, "telemetry.jsonl", RUN, 30_000, page=8192)
+            assert cut and raw.endswith(part.encode()) and part.endswith("\n")
+            newest = [line for line in raw.decode().splitlines(keepends=True)]
+            kept = part.splitlines(keepends=True)
+            assert kept == newest[-len(kept) :] and len(part) <= 30_000
+            assert len(part) + len(newest[-len(kept) - 1]) > 30_000  # no older line fits
+        finally:
+            await link.close()
+
+    asyncio.run(go())
+
+
+def test_the_bar_says_when_only_the_end_of_the_telemetry_was_read(runs, monkeypatch):
+    from dflash_tui import replay
+
+    monkeypatch.setitem(replay.TAIL_BYTES, "telemetry.jsonl", 30_000)
+    raw = (runs / RUN / "telemetry.jsonl").read_bytes()
+    tail = raw[-30_000:]
+    n = tail[tail.index(b"\n") + 1 :].count(b"\n")  # the whole lines in its last 30 KB
+
+    async def go():
+        app = DFlashApp(target_for(runs), theme_name="dark", replay=(RUN, None))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: f"entry {n}/{n}" in bar(app))
+            assert "only the end of telemetry.jsonl read: older lines left" in bar(app)
+            assert "unreadable" not in bar(app)  # no partial line was read as one
+            assert "crashed" in pane(app, StatusBar)
+
+    asyncio.run(go())
