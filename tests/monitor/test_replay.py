@@ -213,7 +213,8 @@ EVIL = "\x1b]0;pwned\x07[bold red]boom[/] \u202eevil"
 def hostile(runs: Path) -> dict:
     """Append hostile lines to the copy's telemetry.jsonl: garbage, a heartbeat of no
     schema, one with a time that is no time, and one (between two real entries) whose
-    strings carry escapes and markup and whose queue depth is absurd."""
+    strings carry escapes and markup and whose queue depth is absurd; and a metrics.jsonl
+    row that is none."""
     path = runs / RUN / "telemetry.jsonl"
     beats = entries(runs)
     evil = json.loads(json.dumps(beats[-3]))
@@ -230,6 +231,8 @@ def hostile(runs: Path) -> dict:
         f.write(json.dumps(no_time) + "\n")  # Infinity: JSON as Python writes it
         f.write(json.dumps(evil) + "\n")
         f.write("\x1b[2J\x1b[31m" + "9" * 5000 + "\n")
+    with open(runs / RUN / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": "many", "loss": 1e999}\n')  # a metrics row that is none
     return evil
 
 
@@ -241,8 +244,8 @@ def test_hostile_telemetry_lines_are_skipped_counted_and_made_visible(runs):
         app = DFlashApp(target_for(runs), theme_name="dark", replay=(RUN, None))
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: f"entry {n}/{n}" in bar(app))
-            assert "4 unreadable lines skipped" in bar(app)
-            assert "4 malformed lines skipped" in pane(app, StatusBar)
+            assert "5 unreadable lines skipped" in bar(app)
+            assert "5 malformed lines skipped" in pane(app, StatusBar)
             for _ in range(2):
                 await pilot.press("left")
             await until(pilot, lambda: f"entry {n - 2}/{n}" in bar(app))
