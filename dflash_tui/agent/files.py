@@ -100,8 +100,9 @@ def read_page(
 ) -> tuple[str, int, int]:
     """The `max_bytes` of `folder/name` before byte `before` (None: its end) as text, where
     that text starts and the file's size (open_in's rules and errors). `lines`: from the
-    first line that starts in the range (a line longer than the range gives nothing, and
-    the next page ends where this one began)."""
+    first line that starts in the range. A line longer than a page is in none whole: its
+    pages give nothing (each next page ends where this one began) and its head comes cut,
+    at the end of the page before, for the reader to count as unreadable."""
     with os.fdopen(open_in(folder, name), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         end = size if before is None else max(0, min(before, size))
