@@ -46,6 +46,7 @@ from dflash_tui.widgets.offline import OfflineNotes
 from dflash_tui.widgets.panes import Box, Pane, box_of
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.replay import REFUSED, ReplayScreen
 from dflash_tui.widgets.screens import (
     ConfirmScreen,
     HelpScreen,
@@ -77,6 +78,7 @@ class DFlashApp(App[int]):
         Binding("w", "wrap", "wrap"),
         Binding("o", "pager", "pager"),
         Binding("z", "zoom", "zoom"),
+        Binding("p", "replay", "replay"),
         Binding("t", "next_theme", "theme"),
         Binding("T", "threads", "threads"),
         Binding("i", "run_info", "run info", show=False),
@@ -94,9 +96,11 @@ class DFlashApp(App[int]):
         connect: bool = True,
         clock: Callable[[], float] = time.time,
         notify_command: str | None = None,
+        replay: tuple[str, str | None] | None = None,
     ) -> None:
         """`connect=False`: no link is started (tests feed events with `feed`).
-        `notify_command`: --notify's CMD (dflash_tui/notify.py)."""
+        `notify_command`: --notify's CMD (dflash_tui/notify.py). `replay`: (RUN, --at) of
+        `dflash-tui replay`: follow RUN and open its replay at once."""
         super().__init__()
         self.target = target
         self.notifier = (
@@ -108,10 +112,12 @@ class DFlashApp(App[int]):
         )
         self.store = Store(target.name, clock=clock)
         self.connect = connect
+        self.replay_request = replay
         self.link: Any = link
         self.clock = clock
         self._drawn_version = -1
         self._redraw_pending = False
+        self._notified_version = -1  # the live store's version --notify saw during a replay
         self._busy: str | None = None  # the control command in flight, if any
         self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
         self.theme_specs = themes.available_themes()
@@ -152,6 +158,7 @@ class DFlashApp(App[int]):
         ("Wrap the log's long lines", "or one line each, scrolled with ← → (w)", "wrap"),
         ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
         ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
+        ("Replay the run", "its telemetry with these panes, at any moment (p)", "replay"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
         (
             "Threads and processes",
@@ -208,9 +215,13 @@ class DFlashApp(App[int]):
         self.set_interval(self.AGES_S, self.redraw)
         if self.connect:
             if self.link is None:
-                self.link = Link(self.target, self.feed)
+                follow = self.replay_request[0] if self.replay_request else "latest"
+                self.link = Link(self.target, self.feed, follow=follow)
             self.link.start()
         self.redraw(force=True)
+        if self.replay_request is not None:
+            run_id, at = self.replay_request
+            self.push_screen(ReplayScreen(run_id, at, config=self.diagnosis))
 
     async def on_unmount(self) -> None:
         if self.link is not None and self.connect:
@@ -232,6 +243,14 @@ class DFlashApp(App[int]):
     def redraw(self, force: bool = False) -> None:
         """Redraw the panes from the store; skipped while they are not on screen (a full
         screen over them, or the app tearing down as the timer fires)."""
+        if getattr(self.screen, "replaying", False):
+            # The replay draws its own store (widgets/replay.py); --notify still hears the
+            # live run.
+            if self.notifier is not None and self.store.version != self._notified_version:
+                self._notified_version = self.store.version
+                findings = diagnose(self.store, self.clock(), self.diagnosis)
+                self.notifier.update(findings, self.store.run_id)
+            return
         with contextlib.suppress(NoMatches):
             self._redraw(force)
             self.offline_notes.update(self.store)
@@ -291,6 +310,9 @@ class DFlashApp(App[int]):
 
     # -- control ------------------------------------------------------------------------
     def _control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        if getattr(self.screen, "replaying", False):
+            self.notify(REFUSED, severity="warning")  # the palette's way to the actions
+            return
         if self._busy is not None:
             self.notify(f"{self._busy} is still running: wait for it", severity="warning")
             return
@@ -522,6 +544,10 @@ class DFlashApp(App[int]):
         if not isinstance(self.screen, ThreadsScreen):  # its rows and actions: widgets/
             self.push_screen(ThreadsScreen())
 
+    def action_replay(self) -> None:
+        """The followed run's telemetry, scrubbed with these panes; escape comes back."""
+        self.push_screen(ReplayScreen(self.store.run_id, config=self.diagnosis))
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -531,6 +557,12 @@ async def run_app(target: Target, args: argparse.Namespace) -> int:
     if theme and theme not in themes.available_themes():
         known = ", ".join(sorted(themes.available_themes()))
         raise themes.ThemeError(f"--theme {theme!r}: no such theme (known: {known})")
-    app = DFlashApp(target, theme_name=theme, notify_command=getattr(args, "notify", None))
+    run = getattr(args, "replay_run", None)
+    app = DFlashApp(
+        target,
+        theme_name=theme,
+        notify_command=getattr(args, "notify", None),
+        replay=(run, getattr(args, "at", None)) if run else None,
+    )
     await app.run_async()
     return 0

@@ -8,6 +8,7 @@
     dflash-tui {deploy,launch,kill,restart,status,runs,dump-stacks,clear-cache,pull-cache,
                 export} [TARGET] [options]
     dflash-tui compare RUN RUN [...] [TARGET] [--json]
+    dflash-tui replay RUN [TARGET] [--at TIME] [--headless [--json]]
 
 Each command's parser lists only the options it reads (the rest keep `_DEFAULTS`). A first
 word close to a command that names no host is refused as a slip (cli_slips.py). One-shot
@@ -53,6 +54,8 @@ SUBCOMMANDS = {
     "one); --headless --once: a line each, exit with the worst status",
     "compare": "compare two or more runs: what differs in their configs and environments, "
     "and each one's steps, final loss/acc, median tok/s, outcome, best τ",
+    "replay": "scrub through a run's telemetry with the TUI's panes (--headless: the "
+    "status at --at, as `status` prints it)",
     "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
     "SGLang load it, into <remote-dir>/exports/ on the host",
 }
@@ -183,6 +186,19 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         _headless(p, once=False)
         _notify(p)
         _theme(p)
+    elif name == "replay":  # the run, then the target; the TUI or the status at --at
+        p.add_argument("replay_run", metavar="RUN", help="the run id (`dflash-tui runs`)")
+        _target(p)
+        _where(p, one_shot=False)
+        _headless(p)
+        _notify(p)
+        _theme(p)
+        p.add_argument(
+            "--at",
+            metavar="TIME",
+            help="start at TIME: -5m, -1h30m, -90s before the end, a clock time 12:03:00, "
+            "or end (default)",
+        )
     elif name == "compare":  # the run ids, then the target
         p.usage = "dflash-tui compare RUN RUN [RUN ...] [TARGET] [--json] [options]"
         p.add_argument(
@@ -649,6 +665,37 @@ def _slip(word: str) -> str | None:
     return slip_for(word, SUBCOMMANDS, configured)
 
 
+def _at_joined(argv: list[str]) -> list[str]:
+    """`--at -5m` as `--at=-5m`: argparse takes a value that starts with '-' for an option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--at" and arg.startswith("-"):
+            out[-1] = f"--at={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """`replay RUN [TARGET] [--at TIME]`: the TUI on the run's replay (escape: live), or with
+    --headless/--json the status at TIME (dflash_tui/replay_headless.py)."""
+    from dflash_tui.replay import ReplayError, parse_at
+
+    try:
+        if args.at is not None:
+            parse_at(args.at, 0.0)  # a bad --at is refused before connecting
+        target = target_from(args, args.target)
+        if not (args.headless or args.json or args.once):
+            return asyncio.run(_monitor(args, target))  # run_app opens the replay
+        from dflash_tui import replay_headless
+
+        work = replay_headless.work(target, args.replay_run, args.at, args.json)
+        return asyncio.run(_with_link(target, work))
+    except ReplayError as e:
+        _err(str(e))
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
@@ -659,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if name in SUBCOMMANDS:
             argv.remove(name)
+            if name == "replay":
+                argv = _at_joined(argv)
             args = build_command_parser(name).parse_args(argv)
             if name == "demo":
                 return asyncio.run(_demo(args))
@@ -671,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
                 if len(args.run_ids) < 2:
                     _err("compare needs two or more run ids (dflash-tui runs lists them)")
                     return 2
+            if name == "replay":
+                return _replay(args)
             target = target_from(args, args.target)
             if name == "status":
                 args.once = True

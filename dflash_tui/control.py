@@ -335,6 +335,8 @@ class FileText:
     run_id: str
     name: str
     text: str
+    start: int = 0  # the byte of the file the text begins at
+    size: int = 0  # the file's size then
 
 
 def _answer(cls: type[A], cmd: Command, data: dict[str, Any]) -> A:
@@ -455,11 +457,16 @@ async def follow(link: Requester, run_id: str) -> str | None:
 
 
 async def read_file(
-    link: Requester, name: str, run_id: str | None = None, tail_bytes: int | None = None
+    link: Requester,
+    name: str,
+    run_id: str | None = None,
+    tail_bytes: int = 1 << 20,
+    before: int | None = None,
+    lines: bool = False,
 ) -> FileText:
-    cmd = ReadFile(name=name, run_id=run_id)
-    if tail_bytes is not None:
-        cmd.tail_bytes = tail_bytes
+    """The last `tail_bytes` of one of the run's files, or (`before`, `lines`) a page of
+    whole lines ending there: a replay pages back through a long telemetry.jsonl."""
+    cmd = ReadFile(name=name, run_id=run_id, tail_bytes=tail_bytes, before=before, lines=lines)
     return _answer(FileText, cmd, await link.request(cmd))
 
 

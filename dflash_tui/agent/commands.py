@@ -17,11 +17,11 @@ from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
-from dflash_tui.agent.files import Refused, read_after, read_tail, tail_or_empty
+from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, tail_or_empty
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
-from dflash_tui.agent.pages import read_page
+from dflash_tui.agent.pages import read_page as read_range
 from dflash_tui.agent.proc_table import signal_member
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
@@ -94,15 +94,18 @@ def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
     run_dir = agent.runs.checked_dir(run_id)
     paged = cmd.start is not None or cmd.end is not None
     try:
-        if paged:
-            page = read_page(run_dir, cmd.name, cmd.start, cmd.end, cmd.tail_bytes or 1 << 20)
+        if paged:  # the step log's pages (log_pages.py): whole lines of [start, end)
+            page = read_range(run_dir, cmd.name, cmd.start, cmd.end, cmd.tail_bytes or 1 << 20)
             return {"run_id": run_id, "name": cmd.name, **page}
-        text = read_tail(run_dir, cmd.name, cmd.tail_bytes or 1 << 20)
+        # the tail, or a replay's page back from `before` (files.read_page)
+        text, start, size = read_page(
+            run_dir, cmd.name, cmd.tail_bytes or 1 << 20, cmd.before, cmd.lines
+        )
     except FileNotFoundError:
         raise CommandError(f"{os.path.join(run_dir, cmd.name)}: no such file") from None
     except OSError as e:
         raise CommandError(f"{os.path.join(run_dir, cmd.name)}: {e.strerror}") from None
-    return {"run_id": run_id, "name": cmd.name, "text": text}
+    return {"run_id": run_id, "name": cmd.name, "text": text, "start": start, "size": size}
 
 
 # -- long: each on a thread of its own -------------------------------------------------------

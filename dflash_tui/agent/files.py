@@ -95,6 +95,30 @@ def read_tail(folder: str, name: str, max_bytes: int) -> str:
         return f.read(max_bytes).decode("utf-8", "replace")
 
 
+def read_page(
+    folder: str, name: str, max_bytes: int, before: int | None = None, lines: bool = False
+) -> tuple[str, int, int]:
+    """The `max_bytes` of `folder/name` before byte `before` (None: its end) as text, where
+    that text starts and the file's size (open_in's rules and errors). `lines`: from the
+    first line that starts in the range. A line longer than a page is in none whole: its
+    pages give nothing (each next page ends where this one began) and its head comes cut,
+    at the end of the page before, for the reader to count as unreadable."""
+    with os.fdopen(open_in(folder, name), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        end = size if before is None else max(0, min(before, size))
+        start = max(0, end - max_bytes)
+        if not lines or start == 0:
+            f.seek(start)
+            return f.read(end - start).decode("utf-8", "replace"), start, size
+        # A line starts at `start` when the byte before it ends one: read that byte too.
+        f.seek(start - 1)
+        data = f.read(end - start + 1)
+        cut = data.find(b"\n") + 1
+        if cut == 0 or cut == len(data):  # no line starts in the range: skip it whole
+            return "", start, size
+        return data[cut:].decode("utf-8", "replace"), start - 1 + cut, size
+
+
 def read_after(folder: str, name: str, offset: int, max_bytes: int) -> tuple[str, int]:
     """What was appended to `folder/name` past `offset` (at most its last `max_bytes`), and
     the file's size now (open_in's rules and errors)."""

@@ -132,6 +132,9 @@ The run
   i        run info: how it ended, its exit, environment, whole config
   T        threads and processes: Enter on a thread shows its stack,
            on a process of the run offers a signal
+  p        replay the run's telemetry with these panes: ← → an entry,
+           [ ] a minute, Home End, e the end; control keys are off
+           there; Esc returns to live
 
 The step log
   /        filter: a regular expression, case-insensitive, applied as

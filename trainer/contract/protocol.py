@@ -691,6 +691,12 @@ class ReadFile(Command):
     # `start`). The answer adds `start` (its first line's offset), `end` and `size`.
     start: int | None = None
     end: int | None = None
+    # Paging back through a file longer than one answer (a replay's telemetry.jsonl): the
+    # `tail_bytes` before byte `before` (None: the file's end); `lines`: only the whole lines
+    # that start in that range. The answer's `start` (where its text begins) is the next
+    # page's `before`; its `size` is the file's, to see a rewrite between pages.
+    before: int | None = None
+    lines: bool = False
 
 
 COMMANDS: dict[str, type[Command]] = {
