@@ -84,7 +84,6 @@ class DFlashApp(App[int]):
         Binding("i", "run_info", "run info", show=False),
         Binding("g", "log_top", "top of log", show=False),
     ]
-    AUTO_FOCUS = "#steplog"
     REFRESH_S = 0.25  # an event's redraw waits this long for the rest of its burst
     AGES_S = 1.0  # "heartbeat 3s ago", time in phase, and findings that come with time
 
@@ -210,6 +209,11 @@ class DFlashApp(App[int]):
         layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
 
     def on_mount(self) -> None:
+        # The step log has the focus from the start (its keys: j k g G, paging). Not by
+        # App.AUTO_FOCUS: that is every screen's default, and a screen pushed over this one
+        # (the fleet, the runs, the threads) would look for a step log it does not have.
+        with contextlib.suppress(NoMatches):
+            self.query_one(StepLog).focus()
         palette.follow_theme(self, lambda: self.redraw(force=True))
         self.offline_notes.install()
         self.set_interval(self.AGES_S, self.redraw)
@@ -464,7 +468,9 @@ class DFlashApp(App[int]):
 
     def on_step_log_page_wanted(self, message: StepLog.PageWanted) -> None:
         run_id = self.store.run_id
-        if run_id is None or self.link is None:
+        if run_id is None or self.link is None:  # nothing to page from: what is held
+            with contextlib.suppress(NoMatches):
+                self.query_one(StepLog).scroll_home(animate=False)
             return
 
         async def run() -> None:  # read only: not held up by a kill or restart in flight

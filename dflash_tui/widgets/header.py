@@ -54,7 +54,7 @@ class StatusBar(Static):
         }.get(link, "white")
         conn = Text(f"● {link}", style=f"bold {colour}")
         if s.link.rtt_ms is not None and link == "connected":
-            conn.append(f" {s.link.rtt_ms:.0f}ms", style="dim")
+            conn.append(f" {s.link.rtt_ms:.0f}ms", style="")
         if link == "reconnecting" and s.link.retry_in:
             conn.append(f" (retry in {s.link.retry_in:.1f}s)", style="yellow")
 

@@ -81,7 +81,7 @@ class StepLog(RichLog):
     # Arrows (left/right too, unwrapped) come with the scroll view; g and G here page the
     # file itself (its first line, its newest), after j and k from VIM_SCROLL.
     BINDINGS = [
-        *VIM_SCROLL,
+        *(b for b in VIM_SCROLL if isinstance(b, Binding) and b.key in ("j", "k")),
         Binding("g,home", "log_top", "top of log", show=False),
         Binding("G,end", "log_newest", "newest", show=False),
         Binding("pageup", "page_up", "page up", show=False),
@@ -113,6 +113,9 @@ class StepLog(RichLog):
     def action_log_top(self) -> None:
         """The file's first page, fetched (the store's tail may be too long to show it)."""
         self.reading = True
+        if self.window is None and self._tail_start() == 0:  # the store has it from line 1
+            self.scroll_home(animate=False)
+            return
         self.post_message(self.PageWanted(0, None))
 
     def action_log_newest(self) -> None:
@@ -269,6 +272,10 @@ class StepLog(RichLog):
         width = self.scrollable_content_region.width
         if self.wrap and self._store is not None and width != self._drawn_width:
             self.rebuild(self._store)
+        # A pane that changes height (a note above it comes or goes, the layout gives it
+        # rows) keeps the newest line in view unless the operator scrolled away to read.
+        if self.following and not self.reading and self.window is None:
+            self.call_after_refresh(self.scroll_end, animate=False)
 
     def title(self) -> Text:
         """The box's title: paused, wrapped, the filter and how many lines it lets through."""

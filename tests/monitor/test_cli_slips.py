@@ -148,8 +148,12 @@ def test_each_commands_help_lists_only_its_own_options() -> None:
     demo = options(help_of("demo"))
     assert {"--headless", "--theme", "--set", "--remote-dir"} <= demo
     assert not demo & {"--pct", "--identity", "--connect-timeout", "--once"}
+    replay = options(help_of("replay"))
+    assert {"--at", "--headless", "--json", "--theme"} <= replay and "--set" not in replay
+    compare = options(help_of("compare"))
+    assert {"--json", "--run-root"} <= compare and not compare & {"--theme", "--headless"}
     for name in cli.SUBCOMMANDS:
-        if name != "demo":
+        if name not in ("demo", "fleet", "replay"):  # the ones that open a screen
             assert "--theme" not in options(help_of(name)), name
 
 

@@ -88,7 +88,7 @@ def test_a_refused_connection_is_said_in_every_pane_and_control_keys_are_refused
                 assert empty not in shown, (empty, shown)
 
             # Control keys: refused at once, one toast saying why, no dialog.
-            for key, action in (("k", "kill"), ("d", "dump stacks"), ("c", "clear cache")):
+            for key, action in (("K", "kill"), ("d", "dump stacks"), ("c", "clear cache")):
                 before = len(app._notifications)
                 await pilot.press(key)
                 await pilot.pause(0.05)
@@ -121,7 +121,7 @@ def test_with_no_run_the_panes_name_the_run_root_and_k_says_there_is_none(tmp_pa
         async with app.run_test(size=SIZE) as pilot:
             assert await until(pilot, lambda: f"no run under {root} yet" in screen_text(app))
             assert not any(n.display for n in app.query(OfflineNote))  # connected: no notes
-            await pilot.press("k")
+            await pilot.press("K")
             await pilot.pause(0.05)
             assert not isinstance(app.screen, ConfirmScreen)
             assert toasts(app)[-1] == f"kill: no run under {root} yet"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from monitor_helpers import Remote
+from textual_plotext import PlotextPlot
 
 from dflash_tui import control, log_pages
 from dflash_tui.agent.pages import read_page
@@ -175,7 +176,8 @@ def test_an_older_run_opens_with_its_whole_log_plots_and_info(run_root, monkeypa
 
             # the plots: metrics.jsonl from its first row, though it is past the tail
             assert [m.step for m in app.store.metrics] == [10, 20, 30, 40]
-            loss_plot = app.query_one("#plot-loss")
+            loss_plot = app.query_one("#plot-loss").query_one(PlotextPlot)
+            await wait_for(pilot, lambda: loss_plot.display, "the loss plot drawn")
             assert loss_plot.plt._active.monitor.y
 
             # i: how it ended, its environment and whole config

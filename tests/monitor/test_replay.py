@@ -170,7 +170,7 @@ def test_control_keys_are_refused_in_replay_and_escape_returns_to_live(runs):
         app.notify = spy  # type: ignore[method-assign]
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "before the end" in bar(app))
-            for key in ("k", "r", "d", "c"):
+            for key in ("K", "r", "d", "c"):
                 await pilot.press(key)
                 await pilot.pause(0.1)
                 assert isinstance(app.screen, ReplayScreen)  # no confirm, no restart choice
