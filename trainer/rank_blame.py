@@ -59,12 +59,21 @@ def _what(beat: RankHeartbeat) -> str:
 
 
 def find_failed_rank(
-    run_dir: Path, world_size: int, me: int, my_error: ErrorInfo | None, wait_s: float = 3.0
+    run_dir: Path,
+    world_size: int,
+    me: int,
+    my_error: ErrorInfo | None,
+    wait_s: float = 3.0,
+    settle_s: float = 0.5,
 ) -> Blame | None:
-    """The rank that failed first; None when none can be found within `wait_s`."""
+    """The rank that failed first; None when none can be found within `wait_s`. Once one
+    cause is found, ranks still running are waited for only `settle_s` (another cause
+    may be earlier): every rank waits here before it exits, and a peer's exit is what
+    ends the next rank's wait."""
     if my_error is not None and not is_peer_loss(my_error.message):
         return Blame(me, f"rank {me}: {my_error.message}")
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
+    deadline = start + wait_s
     while True:
         causes: list[tuple[float, int, str]] = []
         unsettled = False
@@ -75,7 +84,10 @@ def find_failed_rank(
             if not isinstance(beat, RankHeartbeat):
                 unsettled = True
                 continue
+            blames_another = beat.failed_rank is not None and beat.failed_rank != r
             if beat.final:
+                if blames_another:  # it found the cause elsewhere: a consequence
+                    continue
                 if beat.error is not None and not is_peer_loss(beat.error.message):
                     causes.append((beat.now, r, f"{_what(beat)}: {beat.error.message}"))
             elif _alive(beat) is False:
@@ -86,7 +98,7 @@ def find_failed_rank(
                 causes.append((beat.now, r, why))
             else:
                 unsettled = True
-        if causes and (not unsettled or time.monotonic() >= deadline):
+        if causes and (not unsettled or time.monotonic() >= start + settle_s):
             _, rank, why = min(causes)
             return Blame(rank, why)
         if time.monotonic() >= deadline:

@@ -42,6 +42,7 @@ from trainer.contract.phases import TRAINING
 from trainer.loss import STAT_NAMES, LossOutput
 from trainer.model import DFlashDrafter
 from trainer.pipeline import FeatureItem, Pipeline
+from trainer.rank_blame import is_peer_loss
 from trainer.rank_transfer import FeatureSender, receive
 from trainer.ranks import Job, RankLayout
 from trainer.stages import StageClock
@@ -105,12 +106,17 @@ class TargetRankPipeline(_RankPipeline):
                     features = features_of(b.input_ids, b.position_ids)
             r = (g - self.g0) % self.D
             dst = self.layout.drafter_rank(r)
-            with clock.wait(STAGE_WAIT_HS):
-                self.state.thread_state(WAIT_HS_FULL)
-                self.sender.wait_room(dst)
-            self.state.thread_state(f"send to rank {dst}")
-            with clock.work(STAGE_TRANSFER):
-                self.sender.send(dst, g, blocks, features, self.q_pre[t].qsize())
+            try:
+                with clock.wait(STAGE_WAIT_HS):
+                    self.state.thread_state(WAIT_HS_FULL)
+                    self.sender.wait_room(dst)
+                self.state.thread_state(f"send to rank {dst}")
+                with clock.work(STAGE_TRANSFER):
+                    self.sender.send(dst, g, blocks, features, self.q_pre[t].qsize())
+            except RuntimeError as e:
+                if self._stopped_by_drafters(e):
+                    return
+                raise
             with self._count_lock:
                 self._target_batches += 1
             step = self.s0 + (g - self.g0) // self.D + 1
@@ -120,8 +126,21 @@ class TargetRankPipeline(_RankPipeline):
             if n == 0:
                 self.state.set_phase(TRAINING)
         self.state.thread_state("waiting for the drafters to take the last batches")
-        self.sender.flush()
+        try:
+            self.sender.flush()
+        except RuntimeError as e:
+            if not self._stopped_by_drafters(e):
+                raise
         self.state.thread_state("done")
+
+    def _stopped_by_drafters(self, e: RuntimeError) -> bool:
+        """A stop (SIGTERM) reaches every rank; the drafters agree on their last step and
+        leave, so the sends after it find no one: for a stopping target that is the end."""
+        if self.stop_request.is_set() and is_peer_loss(str(e)):
+            self.stopped_early = True
+            self.state.thread_state("stopped: the drafters left")
+            return True
+        return False
 
     def queue_depths(self) -> Queues:
         rt = self.cfg.runtime

@@ -34,9 +34,11 @@ class RankRun(Run):
         meta: dict[str, Any],
         layout: RankLayout,
         job: Job,
+        job_cfg: Config,
     ) -> None:
+        """`cfg`: this rank's (its one device); `job_cfg`: the job's, as config.json has it."""
         super().__init__(cfg, rank_dir(job_dir, layout), meta, echo=layout.writer)
-        self.job_dir, self.layout, self.job = job_dir, layout, job
+        self.job_dir, self.layout, self.job, self.job_cfg = job_dir, layout, job, job_cfg
         self.state.run_id = self.heartbeat.process.run_id = job_dir.name
         self.heartbeat.also = self._write_rank_heartbeat
         self._own_error: ErrorInfo | None = None
@@ -73,6 +75,8 @@ class RankRun(Run):
         job's heartbeat.json and train.log."""
         from trainer.rank_blame import find_failed_rank
 
+        if self.failed_rank is not None:  # found already (_a_rank_failed)
+            return
         self._own_error = self.state.error
         self.heartbeat.write()  # crashed, with its error: what the others read
         blame = find_failed_rank(
@@ -92,6 +96,23 @@ class RankRun(Run):
             )
         self.heartbeat.process.failed_rank = blame.rank
 
+    def _a_rank_failed(self) -> bool:
+        """A stop can be torchrun's, sent to every rank because one failed: then this rank
+        stopped cleanly but the job did not. Named as a crash, with the rank at fault."""
+        from trainer.rank_blame import find_failed_rank
+
+        lay = self.layout
+        blame = find_failed_rank(self.job_dir, lay.world_size, lay.rank, None, wait_s=1.0)
+        if blame is None:
+            return False
+        self.failed_rank = blame.rank
+        self.heartbeat.process.failed_rank = blame.rank
+        self.log.line(f"error: {blame.why} (so {lay.name} stopped)")
+        self.state.error = ErrorInfo(
+            thread=f"rank {blame.rank}", message=f"{blame.why} (so {lay.name} stopped)"
+        )
+        return True
+
     # -- the run -------------------------------------------------------------------------
     def save(self, position: Any, loss: float | None = None) -> Path:
         if not self.layout.writer:  # one copy of the drafter: the writer's
@@ -99,8 +120,10 @@ class RankRun(Run):
         return super().save(position, loss)
 
     def _update_config_json(self, **run_fields: Any) -> None:
-        if self.layout.writer:  # the job's config.json is the writer's
-            super()._update_config_json(**run_fields)
+        if self.layout.writer:  # the job's config.json is the writer's, with the job's config
+            self.meta.update(run_fields)
+            config = {**self.job_cfg.to_dict(), "run": self.meta}
+            atomic_write_json(self.run_dir / "config.json", config)
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
         from trainer.checkpoint import TrainPosition
@@ -174,8 +197,10 @@ class RankRun(Run):
             self.log.line(f"error in {err.thread}: {err.traceback.rstrip()}")
             print(f"error: {lay.name}: {err.message} (in {err.thread})", file=sys.stderr)
             return EXIT_CRASH, wandb
-        self.state.set_phase(STOPPING)
         stopped = outcome == "stopped"
+        if stopped and self._a_rank_failed():
+            return EXIT_CRASH, wandb
+        self.state.set_phase(STOPPING)
         if lay.writer:
             self.state.set_phase(CHECKPOINTING)
             path = self.save(pipe.position, pipe.recent_loss())
@@ -203,7 +228,7 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
         return EXIT_BAD_INPUT
     job = Job(cfg, layout)
 
-    def make_run_dir() -> str:
+    def make_run_dir() -> tuple[str, dict[str, Any]]:
         run_dir = prepare_run_dir(args, cfg)
         job_meta = {
             **meta,
@@ -221,10 +246,11 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
             },
         }
         atomic_write_json(run_dir / "config.json", {**cfg.to_dict(), "run": job_meta})
-        return str(run_dir)
+        return str(run_dir), job_meta
 
     try:
-        run_dir = Path(job.share(make_run_dir))
+        shared_dir, job_meta = job.share(make_run_dir)
+        run_dir = Path(shared_dir)
     except ConfigError as e:
         if layout.writer:
             print(f"error: {one_line(str(e))}", file=sys.stderr)
@@ -233,9 +259,10 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
         print(f"run dir: {run_dir}", flush=True)
     mine = rank_config(cfg, layout)
     set_threads_for_cpu(mine, ranks=layout.world_size)
-    meta = {**meta, "created": started, "rank": layout.rank}
+    # The writer's meta is the job's (config.json's "run"); the others' only their own.
+    meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}
     checkpoint = Path(meta["checkpoint"]) if meta.get("checkpoint") else None
-    code = RankRun(mine, run_dir, meta, layout, job).execute(checkpoint)
+    code = RankRun(mine, run_dir, meta, layout, job, cfg).execute(checkpoint)
     # Leave without tearing the process group down: a peer that already left (or one that
     # will never answer) must not hold this rank's exit; everything is on disk by now.
     sys.stdout.flush()
