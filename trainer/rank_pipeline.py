@@ -174,6 +174,7 @@ class DrafterRankPipeline(_RankPipeline):
         self._q_pre_known = [0] * self.T
         self._q_hs_known = [0] * self.D
         self._stop_agreed = False
+        self._received = 0  # batches this rank has taken in from the targets
         model = self.run.replicas.models[0]
         self._params = [p for p in model.parameters() if p.requires_grad]
 
@@ -194,6 +195,7 @@ class DrafterRankPipeline(_RankPipeline):
             if got.g != g:
                 raise RuntimeError(f"drafter {r} expected batch {g} from rank {src}, got {got.g}")
             self._q_pre_seen[t] = got.q_pre
+            self._received += 1
             self.state.thread_state("building mask")
             with clock.work(STAGE_MASK):
                 attach_mask(got.blocks, settings.backend, settings.block_size)
@@ -225,12 +227,13 @@ class DrafterRankPipeline(_RankPipeline):
         assert out is not None
         dev = self.run.drafter_devices[0]
         n_stats = len(STAT_NAMES)
-        sums = torch.zeros(1 + n_stats + 3, dtype=torch.float64, device=dev)
+        sums = torch.zeros(1 + n_stats + 4, dtype=torch.float64, device=dev)
         sums[0] = out.loss.detach().double()
         sums[1 : 1 + n_stats] = out.stats.detach().double()
         sums[1 + n_stats] = float(self.out_tokens[r])
         sums[2 + n_stats] = float(self.out_slots[r])
         sums[3 + n_stats] = 1.0 if self.stop_request.is_set() else 0.0
+        sums[4 + n_stats] = float(self._received)
         depths = torch.zeros(self.T + self.D, dtype=torch.int64, device=dev)
         depths[: self.T] = torch.tensor(self._q_pre_seen, dtype=torch.int64)
         depths[self.T + r] = self.q_hs_depth()
@@ -245,6 +248,8 @@ class DrafterRankPipeline(_RankPipeline):
         self.out_tokens = [int(sums[1 + n_stats])] + [0] * (self.D - 1)
         self.out_slots = [int(sums[2 + n_stats])] + [0] * (self.D - 1)
         self._stop_agreed = bool(sums[3 + n_stats] > 0)
+        with self._count_lock:  # the targets' output, as every drafter rank took it in
+            self._target_batches = int(sums[4 + n_stats])
         known = depths.tolist()
         self._q_pre_known, self._q_hs_known = known[: self.T], known[self.T :]
 
