@@ -264,3 +264,45 @@ def test_the_mode_keys_have_rules(override, said):
     with pytest.raises(ConfigError) as e:
         load_config(TINY, [override])
     assert said in str(e.value)
+
+
+def test_a_threads_checkpoint_resumed_by_three_ranks_continues_the_same_trajectory(
+    tmp_path, tiny_target_dir
+):
+    """Checkpoints do not depend on the layout: a threads run's (2 targets, 2 replicas)
+    continues under torchrun with 1 target rank and 2 drafter ranks. The routing gives each
+    step the same batches whatever T is, so the losses are the uninterrupted run's."""
+    ref = threads_run(tmp_path / "ref", "--max-steps", "10")
+    cut = threads_run(tmp_path / "cut", "--max-steps", "5")
+    try:
+        assert ref.wait(timeout=240) == 0, (tmp_path / "ref" / "trainer.out").read_text()
+        assert cut.wait(timeout=240) == 0, (tmp_path / "cut" / "trainer.out").read_text()
+    finally:
+        ref.kill()
+        cut.kill()
+    parent = the_run_dir(tmp_path / "cut")
+    job = torchrun(
+        tmp_path / "resumed",
+        "--resume",
+        str(parent),
+        "--set",
+        'runtime.targets=["cpu"]',
+        "--max-steps",
+        "10",
+        nproc=3,
+    )
+    try:
+        assert job.wait(timeout=240) == 0, (tmp_path / "resumed" / "torchrun.out").read_text()
+    finally:
+        kill_session(job)
+    run_dir = the_run_dir(tmp_path / "resumed" / "runs")
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["run"]["parent"] == str(parent.resolve())
+    assert config["run"]["ranks"]["world_size"] == 3
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    expected = {m["step"]: m for m in metrics(the_run_dir(tmp_path / "ref"))}
+    got = metrics(run_dir)
+    assert [m["step"] for m in got] == [6, 7, 8, 9, 10]
+    for m in got:
+        assert m["loss"] == pytest.approx(expected[m["step"]]["loss"], rel=REL_TOLERANCE)
+        assert m["tokens"] == expected[m["step"]]["tokens"]
