@@ -306,3 +306,30 @@ def test_a_threads_checkpoint_resumed_by_three_ranks_continues_the_same_trajecto
     for m in got:
         assert m["loss"] == pytest.approx(expected[m["step"]]["loss"], rel=REL_TOLERANCE)
         assert m["tokens"] == expected[m["step"]]["tokens"]
+
+
+@pytest.mark.serial  # a time bound: not beside another test's trainer
+def test_sigterm_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(
+    tmp_path, tiny_target_dir
+):
+    """torchrun passes the SIGTERM to every rank: the drafters agree on the step (the stop
+    flag rides the step's all_reduce), the writer checkpoints it, and the targets end
+    cleanly when the drafters leave. torchrun itself exits 1 on a signal, as it does."""
+    job = torchrun(tmp_path, "--max-steps", "100000")
+    try:
+        run_dir, _ = _wait_rank_step(tmp_path / "runs", 2, 3, job)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+        assert session_alive(job) == []
+    finally:
+        kill_session(job)
+    hb = parse_heartbeat(json.loads((run_dir / "heartbeat.json").read_text()))
+    assert not isinstance(hb, Unreadable)
+    assert hb.phase == "stopped" and hb.exit_code == 0 and hb.failed_rank is None
+    assert (run_dir / "checkpoints" / f"step-{hb.step:08d}.pt").is_file()
+    beats = [read_rank_heartbeat(run_dir, r) for r in range(4)]
+    for b in beats:
+        assert isinstance(b, RankHeartbeat) and b.phase == "stopped" and b.exit_code == 0, b
+        assert b.error is None
+    drafters = [b for b in beats if isinstance(b, RankHeartbeat) and b.role == "drafter"]
+    assert {b.step for b in drafters} == {hb.step}
