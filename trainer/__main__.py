@@ -160,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume is not None:
             checkpoint = resume_checkpoint(args.resume)
             meta["checkpoint"] = str(checkpoint.resolve())
-        run_dir = prepare_run_dir(args, cfg)
+        processes = cfg.runtime.mode == "processes"
+        if not processes:  # a torchrun job's run dir is made by one rank (trainer/ranks.py)
+            run_dir = prepare_run_dir(args, cfg)
     except ConfigError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
+    if processes:
+        from trainer.rank_run import main_processes  # imports torch, as run_training does
+
+        return main_processes(args, cfg, meta)
 
     meta.update(
         run_id=run_dir.name,

@@ -131,6 +131,13 @@ class RuntimeConfig:
     compile_cache_dir: str = ""
     wandb_mode: str = "offline"
     wandb_project: str = "dflash"
+    # "threads": every role a thread of one process. "processes": one process per role,
+    # started by torchrun (`python -m torch.distributed.run --nproc-per-node T+D -m trainer
+    # ...`): ranks 0..T-1 are the targets, T..T+D-1 the drafters (trainer/ranks.py).
+    mode: str = "threads"
+    # processes mode: how long any collective or feature transfer may wait before the rank
+    # gives up (init_process_group's timeout), so no rank blocks forever on a lost peer.
+    collective_timeout_s: float = 600.0
 
 
 @dataclass
@@ -170,6 +177,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.loss_impl": ("fused", "checkpoint"),
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
+    "runtime.mode": ("threads", "processes"),
 }
 # Device lists accept bare GPU indices (targets = [0, 1, 2]) as TOML ints.
 _DEVICE_KEYS = ("runtime.targets", "runtime.drafters")
@@ -223,6 +231,10 @@ _RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "runtime.q_pre_size": (lambda v: v >= 1, _POSITIVE_INT),
     "runtime.q_hs_size": (lambda v: v >= 1, _POSITIVE_INT),
     "runtime.heartbeat_interval": (lambda v: 0 < v <= 2, "must be in (0, 2] seconds"),
+    "runtime.collective_timeout_s": (
+        lambda v: 1 <= v <= 86_400,
+        "must be in [1, 86400] seconds",
+    ),
 }
 
 

@@ -3,7 +3,8 @@
 A comma-separated list of faults, each travelling the real path (the real thread raises,
 blocks or slows down; the real process dies):
 
-  ROLE:N               raise in thread role ROLE (prefetch, target, drafter) at its item N
+  ROLE:N               raise in thread role ROLE (prefetch, target, drafter) at its item N;
+                       ROLE-I:N only in its thread I (processes mode: target-1 is rank 1's)
   hang:ROLE:N          ROLE's thread blocks forever at its item N (a stuck loop: the
                        heartbeat stays fresh, the steps stop); hang:ROLE-I:N only its
                        thread I (hang:drafter-1:30: one replica, the others wait for it)
@@ -46,7 +47,7 @@ import time
 ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "load_target", "data", "compile")
 GRAMMAR = (
-    "ROLE:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr | grad_spike:N:EVERY:FACTOR"
+    "ROLE[-I]:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr | grad_spike:N:EVERY:FACTOR"
     " | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
     " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
 )
@@ -93,7 +94,7 @@ class FaultPlan:
             self._add(spec, part.split(":"))
 
     def _add(self, spec: str, f: list[str]) -> None:
-        if len(f) == 2 and f[0] in ROLES:
+        if len(f) == 2 and _thread_of_role(f[0]):
             self.raise_at[f[0]] = int(_number(spec, f[1], int))
         elif len(f) == 3 and f[0] == "hang" and _thread_of_role(f[1]):
             self.hang_at[f[1]] = int(_number(spec, f[2], int))
@@ -133,7 +134,7 @@ class FaultPlan:
             time.sleep(late[1])
         if item in (self.hang_at.get(role), self.hang_at.get(f"{role}-{index}")):
             threading.Event().wait()  # forever: the thread is stuck, the process lives
-        if self.raise_at.get(role) == item:
+        if item in (self.raise_at.get(role), self.raise_at.get(f"{role}-{index}")):
             raise InjectedFault(f"injected fault in {role} at item {item} (DFLASH_FAULT)")
 
     def slow_s(self, stage: str) -> float:

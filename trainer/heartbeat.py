@@ -159,6 +159,9 @@ class HeartbeatWriter(threading.Thread):
             proc_start=proc_start_ticks(),
         )
         self._write_lock = threading.Lock()
+        # Called with each heartbeat written and whether it is the final one: processes mode
+        # writes the rank's own heartbeat-rank{R}.json from it (trainer/rank_run.py).
+        self.also: Callable[[Heartbeat, bool], None] = lambda _beat, _final: None
         self._poke = threading.Event()
         state.on_phase = self._poke.set  # a phase change is written at once, not up to 2 s late
 
@@ -200,4 +203,5 @@ class HeartbeatWriter(threading.Thread):
             # No fsync: it is rewritten every interval; os.replace alone keeps it whole.
             atomic_write_json(self.path, data, durable=False)
             self.telemetry.append(data, force=final)
+            self.also(beat, final)
             return beat

@@ -55,6 +55,7 @@ from trainer.data import collate, epoch_batches, pick_bucket
 from trainer.faults import FaultPlan
 from trainer.loss import STAT_NAMES, LossOutput
 from trainer.memory import device_memory
+from trainer.model import DFlashDrafter
 from trainer.online_eval import OnlineEval
 from trainer.optim import lr_at, noise_at, set_lr
 from trainer.packing import collate_packs, epoch_pack_batches
@@ -207,9 +208,16 @@ class Pipeline:
         return blocks
 
     # -- thread bodies -------------------------------------------------------------------
+    def _target_device(self, t: int) -> torch.device:
+        return self.run.target_devices[t]
+
+    def _prefetch_targets(self, p: int) -> set[int]:
+        """The targets prefetch thread `p` builds batches for."""
+        return {t for t in range(self.T) if t % self.P == p}
+
     def _prefetch(self, p: int) -> None:
-        mine = {t for t in range(self.T) if t % self.P == p}
-        pin = any(self.run.target_devices[t].type == "cuda" for t in mine)
+        mine = self._prefetch_targets(p)
+        pin = any(self._target_device(t).type == "cuda" for t in mine)
         n = 0
         clock = self.state.stage_clock("cpu")
         for g in range(self.g0, self.g_end):
@@ -273,8 +281,7 @@ class Pipeline:
 
     def _drafter(self, r: int) -> None:
         run, cfg = self.run, self.cfg
-        dev = run.drafter_devices[r]
-        model = run.replicas.models[r]
+        dev, model = self._replica(r)
         model.train()
         clock = self.state.stage_clock(str(dev))
         for n, s in enumerate(range(self.s0, run.total_steps)):
@@ -305,15 +312,33 @@ class Pipeline:
             self.out_tokens[r] = item.blocks.tokens
             self.out_slots[r] = item.blocks.batch.input_ids.numel()
             del item, out
-            with clock.wait(STAGE_WAIT_REPLICAS):
-                self._barrier_wait()
-            if r == 0:
-                self._optimizer_step(s, clock)
-            with clock.wait(STAGE_WAIT_REPLICAS):
-                self._barrier_wait()
+            self._end_of_step(r, s, clock)
             if self._finish:
                 break
         self.state.thread_state("done")
+
+    def _replica(self, r: int) -> tuple[torch.device, DFlashDrafter]:
+        """Replica r's device and model (processes mode: this rank's one replica)."""
+        return self.run.drafter_devices[r], self.run.replicas.models[r]
+
+    def _end_of_step(self, r: int, s: int, clock: StageClock) -> None:
+        """Every replica's backward is done: replica 0 steps while the others wait."""
+        with clock.wait(STAGE_WAIT_REPLICAS):
+            self._barrier_wait()
+        if r == 0:
+            self._optimizer_step(s, clock)
+        with clock.wait(STAGE_WAIT_REPLICAS):
+            self._barrier_wait()
+
+    def _average_grads(self) -> None:
+        self.run.replicas.average_grads()
+
+    def _sync_params(self) -> None:
+        self.run.replicas.broadcast_params()
+
+    def _stop_now(self) -> bool:
+        """Whether this step is the last one asked for (SIGTERM)."""
+        return self.stop_request.is_set()
 
     def _optimizer_step(self, s: int, clock: StageClock) -> None:
         """On replica 0's thread while the others wait at the barrier."""
@@ -321,7 +346,7 @@ class Pipeline:
         self.state.thread_state("optimizer step")
         replicas = run.replicas
         with clock.work(STAGE_OPTIMIZER):
-            replicas.average_grads()
+            self._average_grads()
             # The total norm before clipping, a 0-d tensor on the device: kept, not read
             # (no sync); the window reads it with the loss when a row is due.
             params = replicas.primary.parameters()
@@ -335,7 +360,7 @@ class Pipeline:
             self._lr = lr_at(s, run.total_steps, cfg.train) * self.faults.lr_factor(s)
             set_lr(run.optimizer, self._lr)
             run.optimizer.step()
-            replicas.broadcast_params()
+            self._sync_params()
             replicas.zero_grads()
 
         tokens, slots = sum(self.out_tokens), sum(self.out_slots)
@@ -362,7 +387,7 @@ class Pipeline:
             # A copy of the weights on this stream, or nothing if an eval still runs; the
             # last step's eval waits for the one before it (the run is over anyway).
             ev.offer(p.step, replicas.primary, self._last_acc, wait=last)
-        if self.stop_request.is_set() and not last:
+        if self._stop_now() and not last:
             self.stopped_early = True
             self._finish = True
         self.faults.after_step(p.step)  # DFLASH_FAULT=sigkill:N

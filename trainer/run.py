@@ -78,7 +78,8 @@ def restore(run: Any, checkpoint: Path) -> TrainPosition:
 
 
 class Run:
-    def __init__(self, cfg: Config, run_dir: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, meta: dict[str, Any], echo: bool = True) -> None:
+        """`echo`: step lines to stdout too (processes mode: the writer rank's only)."""
         self.cfg, self.run_dir, self.meta = cfg, run_dir, meta
         # The process's start on the monotonic clock: `python -m trainer` records its wall
         # time in meta["created"] before importing torch.
@@ -87,7 +88,7 @@ class Run:
         )
         self.state = RunState(run_dir.name)
         self.faults = FaultPlan("")  # the real plan is read in _execute: bad input exits 2
-        self.log = RunLog(run_dir)
+        self.log = RunLog(run_dir, echo=echo)
         self.stop_request = threading.Event()
         self.pipeline: Any = None
         self.setup: Any = None
@@ -248,6 +249,7 @@ class Run:
                 with contextlib.suppress(BaseException):  # keep what a crash left whole
                     self.checkpoints.wait()
                 self.state.set_phase(CRASHED)
+                self._after_crash(code)
             self.state.exit_code = code
             self.state.thread_state("exiting")
             self.hb_stop.set()
@@ -262,6 +264,10 @@ class Run:
             sys.stderr.flush()
             os._exit(code)
         return code
+
+    def _after_crash(self, code: int) -> None:
+        """Before the final heartbeat of a run that did not end well (processes mode: find
+        the rank that failed first, trainer/rank_run.py)."""
 
     def _on_data(self, info: DataInfo) -> None:
         from trainer.tokenized import summary
@@ -402,12 +408,14 @@ class Run:
         return EXIT_OK, wandb
 
 
-def set_threads_for_cpu(cfg: Config) -> None:
+def set_threads_for_cpu(cfg: Config, ranks: int | None = None) -> None:
     """On CPU, every role's thread would start its own full-size OpenMP team: share the
-    cores instead of oversubscribing them."""
+    cores instead of oversubscribing them. `ranks`: processes mode, one process per role
+    on this machine, each with its share of the cores."""
     roles = len(cfg.runtime.targets) + len(cfg.runtime.drafters)
     if all(d == "cpu" for d in [*cfg.runtime.targets, *cfg.runtime.drafters]):
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, roles // 2)))
+        share = ranks if ranks is not None else max(1, roles // 2)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
 
 
 def run_training(cfg: Config, run_dir: Path, meta: dict[str, Any], checkpoint: Path | None) -> int:

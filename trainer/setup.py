@@ -235,10 +235,12 @@ def build_run(
     preflight: Callable[[Path, str, int], None] = lambda _p, _d, _k: None,
     on_data: Callable[[DataInfo], None] = lambda _i: None,
     laps: StartupLaps | None = None,
+    batches_per_step: int | None = None,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights.
     `preflight(target path, target device, layers kept)` runs once the target's config is
-    known, before anything heavy (trainer/preflight.py)."""
+    known, before anything heavy (trainer/preflight.py). `batches_per_step`: the job's
+    drafter replicas when this process holds only some (processes mode); default all."""
     lap = laps or StartupLaps()
     rt = cfg.runtime
     target_devices = [resolve_device(d, "runtime.targets") for d in rt.targets]
@@ -329,7 +331,7 @@ def build_run(
     loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])
     lap("optimizer")
-    per_step = len(drafter_devices)
+    per_step = batches_per_step or len(drafter_devices)
     total = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * per_epoch / per_step))
     return RunSetup(
         cfg=cfg,

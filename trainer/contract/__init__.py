@@ -7,6 +7,7 @@ describes the files and their versioning; each module here owns one part:
   typed      records <-> JSON, the one validating decoder, `Unreadable`
   phases     the phases in their real order, every visit and its duration
   heartbeat  heartbeat.json (schema version, thread states)
+  ranks      heartbeat-rank{R}.json: one rank of a processes-mode job (its own version)
   records    launch.json, exit.json (and its one writer), metrics.jsonl rows, config.json
   steplines  the step line: formatter and parser side by side
   outcomes   finished / stopped / crashed / killed / died before start, settled once

@@ -17,7 +17,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      tokens; packing and the padding share of recent batches); `ThreadInfo.stages_ms`,
      where each pipeline thread's loop spends its time (`STAGE_*`); compile progress
      (`CompileInfo.current`, `expected_graphs`, `last_s`); `eval`, held-out acceptance
-     length during training (trainer/contract/evaluation.py).
+     length during training (trainer/contract/evaluation.py); `failed_rank`, in a
+     processes-mode job (runtime.mode = "processes") the rank found failed first, each
+     rank's own state in heartbeat-rank{R}.json (trainer/contract/ranks.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ MAX_HEARTBEAT_BYTES = 4 << 20  # a heartbeat is a few KB; anything this big is n
 
 # Thread roles, and the states the pipeline writes while it blocks on a queue
 # (trainer/pipeline.py writes them, diagnosis reads them: one spelling).
-ROLES = ("main", "prefetch", "target", "drafter", "heartbeat", "probe")
+# "receiver": a processes-mode drafter rank's thread that takes the targets' features in.
+ROLES = ("main", "prefetch", "target", "drafter", "heartbeat", "probe", "receiver")
 WAIT_PRE_FULL = "waiting: q_pre full"
 WAIT_PRE_EMPTY = "waiting: q_pre empty"
 WAIT_HS_EMPTY = "waiting: q_hs empty"
@@ -267,6 +270,9 @@ class Heartbeat:
     data: DataInfo | None = None  # None: an older trainer, or before the data has loaded
     preflight: Preflight | None = None  # None: not run yet, or an older trainer
     eval: EvalInfo | None = None  # None: the run evaluates nothing, or an older trainer
+    # A processes-mode job that failed: the rank found failed first (its heartbeat-rank{R}.json
+    # says why); None: nothing failed, a threads-mode run, or an older trainer.
+    failed_rank: int | None = None
 
     @property
     def process_group(self) -> int:

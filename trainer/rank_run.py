@@ -1,0 +1,270 @@
+"""processes mode: one rank's life, from torchrun's environment to its exit code.
+
+The same run as threads mode (trainer/run.py: phases, heartbeat, logs, signals, the crash
+path), with a rank's pipeline (trainer/rank_pipeline.py) in place of the threaded one. The
+writer rank (the lowest drafter rank) makes the job's run dir and writes the job's files
+into it; every rank writes heartbeat-rank{R}.json beside them, and the others keep their
+own train.log and heartbeat under ranks/rank-{R}/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.config import Config, ConfigError, one_line
+from trainer.contract.heartbeat import ErrorInfo, Heartbeat
+from trainer.contract.phases import CHECKPOINTING, FINISHED, STOPPED, STOPPING, WARMUP
+from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
+from trainer.fsutil import atomic_write_json
+from trainer.ranks import Job, RankLayout, layout_from_env, rank_config, rank_dir
+from trainer.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, Run, set_threads_for_cpu
+
+
+class RankRun(Run):
+    def __init__(
+        self,
+        cfg: Config,
+        job_dir: Path,
+        meta: dict[str, Any],
+        layout: RankLayout,
+        job: Job,
+        job_cfg: Config,
+    ) -> None:
+        """`cfg`: this rank's (its one device); `job_cfg`: the job's, as config.json has it."""
+        super().__init__(cfg, rank_dir(job_dir, layout), meta, echo=layout.writer)
+        self.job_dir, self.layout, self.job, self.job_cfg = job_dir, layout, job, job_cfg
+        self.state.run_id = self.heartbeat.process.run_id = job_dir.name
+        self.heartbeat.also = self._write_rank_heartbeat
+        self._own_error: ErrorInfo | None = None
+        self.failed_rank: int | None = None
+
+    # -- the rank's heartbeat ------------------------------------------------------------
+    def _write_rank_heartbeat(self, beat: Heartbeat, final: bool) -> None:
+        pipe, lay = self.pipeline, self.layout
+        rank_beat = RankHeartbeat(
+            schema=RANK_SCHEMA_VERSION,
+            run_id=self.job_dir.name,
+            rank=lay.rank,
+            world_size=lay.world_size,
+            role=lay.role,
+            index=lay.index,
+            device=self.cfg.runtime.targets[0],
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            now=beat.now,
+            phase=beat.phase,
+            step=pipe.rank_step if pipe is not None else beat.step,
+            writer=lay.writer,
+            queues=beat.queues,
+            error=self._own_error or beat.error,
+            exit_code=beat.exit_code,
+            failed_rank=self.failed_rank,
+        )
+        path = self.job_dir / rank_heartbeat_name(lay.rank)
+        atomic_write_json(path, rank_beat.to_json(), durable=False)
+
+    def _after_crash(self, code: int) -> None:
+        """Say this rank's failure at once (the others look for it), then find the rank
+        that failed first and name it: in this rank's heartbeat, and on the writer in the
+        job's heartbeat.json and train.log."""
+        from trainer.rank_blame import find_failed_rank
+
+        if self.failed_rank is not None:  # found already (_a_rank_failed)
+            return
+        self._own_error = self.state.error
+        self.heartbeat.write()  # crashed, with its error: what the others read
+        blame = find_failed_rank(
+            self.job_dir, self.layout.world_size, self.layout.rank, self._own_error
+        )
+        if blame is None:
+            self.log.line("error: no rank's own failure found (a peer lost, cause unknown)")
+            return
+        self.failed_rank = blame.rank
+        self.log.line(f"error: {blame.why}")
+        if blame.rank != self.layout.rank:
+            own = self._own_error
+            self.state.error = ErrorInfo(
+                thread=f"rank {blame.rank}",
+                message=f"{blame.why} (so rank {self.layout.rank} stopped)",
+                traceback=own.traceback if own is not None else "",
+            )
+        self.heartbeat.process.failed_rank = blame.rank
+
+    def _a_rank_failed(self) -> bool:
+        """A stop can be torchrun's, sent to every rank because one failed: then this rank
+        stopped cleanly but the job did not. Named as a crash, with the rank at fault."""
+        from trainer.rank_blame import find_failed_rank
+
+        lay = self.layout
+        blame = find_failed_rank(self.job_dir, lay.world_size, lay.rank, None, wait_s=1.0)
+        if blame is None:
+            return False
+        self.failed_rank = blame.rank
+        self.heartbeat.process.failed_rank = blame.rank
+        self.log.line(f"error: {blame.why} (so {lay.name} stopped)")
+        self.state.error = ErrorInfo(
+            thread=f"rank {blame.rank}", message=f"{blame.why} (so {lay.name} stopped)"
+        )
+        return True
+
+    # -- the run -------------------------------------------------------------------------
+    def save(self, position: Any, loss: float | None = None) -> Path:
+        if not self.layout.writer:  # one copy of the drafter: the writer's
+            return self.run_dir / "no-checkpoint"
+        return super().save(position, loss)
+
+    def _update_config_json(self, **run_fields: Any) -> None:
+        if self.layout.writer:  # the job's config.json is the writer's, with the job's config
+            self.meta.update(run_fields)
+            config = {**self.job_cfg.to_dict(), "run": self.meta}
+            atomic_write_json(self.run_dir / "config.json", config)
+
+    def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
+        from trainer.checkpoint import TrainPosition
+        from trainer.faults import FaultPlan
+        from trainer.rank_pipeline import DrafterRankPipeline, TargetRankPipeline
+        from trainer.run import restore
+        from trainer.setup import StartupLaps, build_run
+        from trainer.wandb_log import start_wandb
+        from trainer.warmup import warm_up
+
+        lay = self.layout
+        self.faults = faults = FaultPlan()
+        laps = StartupLaps()
+        laps.laps.append(("imports", laps.t - self.process_started))
+        self.setup = setup = build_run(
+            self.cfg,
+            warn=self.log.warn,
+            phase=self.state.set_phase,
+            progress=self.state.progress,
+            load_span=(self.state.target_load_started, self.state.target_load_ended),
+            faults=faults,
+            preflight=self._preflight,
+            on_data=self._on_data,
+            laps=laps,
+            batches_per_step=lay.drafters,
+        )
+        self.state.total_steps = setup.total_steps
+        self._report_data(setup)
+        position = TrainPosition(step=0, batches=0, tokens=0)
+        if checkpoint is not None:
+            position = restore(setup, checkpoint)
+            self.log.line(f"resumed from {checkpoint} at step {position.step}")
+        self.log.line(laps.line())
+        self.log.line(f"{lay.name} of {lay.world_size}, {self.job.backend}")
+        self.state.record_step(position.step, position.tokens, 0.0)
+        self.state.last_step_at = None
+        wandb = start_wandb(
+            self.cfg.runtime.wandb_mode,
+            self.cfg.runtime.wandb_project,
+            self.job_dir,
+            self.job_dir.name,
+            self.cfg.to_dict(),
+            self.log.line,
+        )
+        if lay.role == "drafter":  # a target rank's drafter is never trained
+            warm_up(setup, self.state, self.heartbeat.process.code_sha256)
+        setup.finish_loading()
+        self.state.set_phase(WARMUP)
+        self.state.thread_state("waiting for every rank")
+        self.job.barrier()  # no rank's transfers wait out another's start-up
+        kind = TargetRankPipeline if lay.role == "target" else DrafterRankPipeline
+        self.pipeline = pipe = kind(
+            setup,
+            self.state,
+            self.log,
+            position,
+            self.save,
+            wandb.log,
+            faults,
+            None,
+            layout=lay,
+            job=self.job,
+        )
+        if self.stop_request.is_set():
+            pipe.stop_request.set()
+        self.state.thread_state("supervising")
+        pipe.start()
+        outcome = pipe.wait()
+        if outcome == "crashed":
+            err = self.state.error or ErrorInfo("?", "no error recorded")
+            self.log.line(f"error in {err.thread}: {err.traceback.rstrip()}")
+            print(f"error: {lay.name}: {err.message} (in {err.thread})", file=sys.stderr)
+            return EXIT_CRASH, wandb
+        stopped = outcome == "stopped"
+        if stopped and self._a_rank_failed():
+            return EXIT_CRASH, wandb
+        self.state.set_phase(STOPPING)
+        if lay.writer:
+            self.state.set_phase(CHECKPOINTING)
+            path = self.save(pipe.position, pipe.recent_loss())
+            self.checkpoints.wait()
+            self.log.line(
+                f"{'stopped' if stopped else 'finished'} at step {pipe.position.step} of "
+                f"{setup.total_steps}; checkpoint {path.relative_to(self.run_dir)}"
+            )
+        self.state.set_phase(STOPPED if stopped else FINISHED)
+        return EXIT_OK, wandb
+
+
+def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) -> int:
+    """`python -m trainer` as one rank of a torchrun job: exit 0, 1 (crashed) or 2 (bad
+    input: said once, by the writer, or by rank 0 before any rendezvous)."""
+    from trainer.__main__ import prepare_run_dir
+
+    started = time.time()
+    try:
+        layout = layout_from_env(cfg)
+    except ConfigError as e:
+        rank = os.environ.get("RANK", "0")
+        if rank in ("", "0"):  # one line for the job, not one per rank
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    job = Job(cfg, layout)
+
+    def make_run_dir() -> tuple[str, dict[str, Any]]:
+        run_dir = prepare_run_dir(args, cfg)
+        job_meta = {
+            **meta,
+            "run_id": run_dir.name,
+            "created": started,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "argv": sys.argv,
+            "ranks": {
+                "world_size": layout.world_size,
+                "targets": layout.targets,
+                "drafters": layout.drafters,
+                "writer": layout.writer_rank,
+                "backend": job.backend,
+            },
+        }
+        atomic_write_json(run_dir / "config.json", {**cfg.to_dict(), "run": job_meta})
+        return str(run_dir), job_meta
+
+    try:
+        shared_dir, job_meta = job.share(make_run_dir)
+        run_dir = Path(shared_dir)
+    except ConfigError as e:
+        if layout.writer:
+            print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if layout.writer:
+        print(f"run dir: {run_dir}", flush=True)
+    mine = rank_config(cfg, layout)
+    set_threads_for_cpu(mine, ranks=layout.world_size)
+    # The writer's meta is the job's (config.json's "run"); the others' only their own.
+    meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}
+    checkpoint = Path(meta["checkpoint"]) if meta.get("checkpoint") else None
+    code = RankRun(mine, run_dir, meta, layout, job, cfg).execute(checkpoint)
+    # Leave without tearing the process group down: a peer that already left (or one that
+    # will never answer) must not hold this rank's exit; everything is on disk by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

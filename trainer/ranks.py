@@ -1,0 +1,184 @@
+"""processes mode (runtime.mode = "processes"): which rank is which role, and the job's start.
+
+torchrun starts one process per role: `python -m torch.distributed.run --nproc-per-node N
+-m trainer --config ... --run-root ...` with N = len(runtime.targets) + len(runtime.drafters).
+The mapping is fixed: ranks 0..T-1 are the targets (rank t runs target t on
+runtime.targets[t]), ranks T..T+D-1 the drafter replicas (rank T+r runs replica r on
+runtime.drafters[r]). The lowest drafter rank, T, is the job's *writer*: it makes the one run
+dir, writes config.json, train.log, metrics.jsonl, heartbeat.json and the checkpoints; every
+rank writes heartbeat-rank{R}.json there (trainer/contract/ranks.py) and keeps its own log
+and heartbeat under ranks/rank-{R}/ (the writer's are the job's own).
+
+Nothing here imports torch at module level: the refusal of a wrong world size comes before
+torch is imported and before any rendezvous, so it never waits for a peer.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from trainer.config import Config, ConfigError, bad_value
+
+TARGET, DRAFTER = "target", "drafter"
+RANKS_DIR = "ranks"  # under the run dir: each rank's own log and heartbeat but the writer's
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    rank: int
+    world_size: int
+    local_rank: int
+    targets: int  # T
+    drafters: int  # D
+    device: str  # as the config names it ("cpu", "cuda:1", "auto")
+
+    @property
+    def role(self) -> str:
+        return TARGET if self.rank < self.targets else DRAFTER
+
+    @property
+    def index(self) -> int:
+        """Target t or drafter replica r."""
+        return self.rank if self.role == TARGET else self.rank - self.targets
+
+    @property
+    def writer_rank(self) -> int:
+        return self.targets
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == self.writer_rank
+
+    def target_rank(self, t: int) -> int:
+        return t
+
+    def drafter_rank(self, r: int) -> int:
+        return self.targets + r
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return list(range(self.targets, self.targets + self.drafters))
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} ({self.role} {self.index})"
+
+
+def _env_int(env: Mapping[str, str], key: str) -> int:
+    text = env.get(key, "")
+    try:
+        return int(text)
+    except ValueError:
+        rule = f"{key}={text!r} in the environment is not an integer (is this torchrun?)"
+        raise bad_value("runtime.mode", "processes", rule) from None
+
+
+def layout_from_env(cfg: Config, env: Mapping[str, str] | None = None) -> RankLayout:
+    """This process's place in the job, from torchrun's environment; a wrong world is one
+    ConfigError line (exit 2) naming the command line that would be right."""
+    env = os.environ if env is None else env
+    rt = cfg.runtime
+    t, d = len(rt.targets), len(rt.drafters)
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        rule = (
+            f"start it with torchrun: python -m torch.distributed.run --nproc-per-node {t + d}"
+            " -m trainer ... (WORLD_SIZE is not set)"
+        )
+        raise bad_value("runtime.mode", "processes", rule)
+    world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
+    if world != t + d:
+        rule = (
+            f"WORLD_SIZE is {world} but runtime.targets + runtime.drafters make {t + d} ranks"
+            f" ({t} + {d}); start torchrun with --nproc-per-node {t + d}"
+        )
+        raise bad_value("runtime.mode", "processes", rule)
+    if not 0 <= rank < world:
+        raise bad_value("runtime.mode", "processes", f"RANK={rank} is outside 0..{world - 1}")
+    local = _env_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+    device = rt.targets[rank] if rank < t else rt.drafters[rank - t]
+    return RankLayout(rank, world, local, t, d, device)
+
+
+def rank_config(cfg: Config, layout: RankLayout) -> Config:
+    """The config this rank builds from: its one device as both lists (build_run wants a
+    drafter and a target; a target rank's drafter is never trained), wandb on the writer
+    only, and no online eval (not in processes mode yet)."""
+    mine = copy.deepcopy(cfg)
+    device = layout.device
+    if device == "auto":  # one GPU per rank, by torchrun's local rank
+        import torch
+
+        device = f"cuda:{layout.local_rank}" if torch.cuda.is_available() else "cpu"
+    mine.runtime.targets, mine.runtime.drafters = [device], [device]
+    if not layout.writer:
+        mine.runtime.wandb_mode = "disabled"
+    mine.eval.every, mine.eval.final = 0, False
+    return mine
+
+
+def backend_for(cfg: Config) -> str:
+    """NCCL when every rank is on a GPU, else gloo (CPU, or CPU and GPU ranks mixed)."""
+    import torch
+
+    devices = [*cfg.runtime.targets, *cfg.runtime.drafters]
+    on_gpu = all(d != "cpu" for d in devices) and torch.cuda.is_available()
+    return "nccl" if on_gpu else "gloo"
+
+
+class Job:
+    """The process group of this rank, and the drafter ranks' own group."""
+
+    def __init__(self, cfg: Config, layout: RankLayout) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.layout = layout
+        self.backend = backend_for(cfg)
+        self.timeout = timedelta(seconds=cfg.runtime.collective_timeout_s)
+        if self.backend == "nccl":
+            torch.cuda.set_device(torch.device(rank_config(cfg, layout).runtime.targets[0]))
+        dist.init_process_group(self.backend, timeout=self.timeout)
+        # Every rank takes part in making a group, even one it is not in.
+        self.drafters = dist.new_group(layout.drafter_ranks, timeout=self.timeout)
+        # Where the transfers' tensors live: gloo moves host memory, NCCL device memory.
+        self.comm_device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if self.backend == "nccl"
+            else torch.device("cpu")
+        )
+
+    def share(self, make: Callable[[], Any]) -> Any:
+        """`make()` on the writer, its result (or its ConfigError) on every rank."""
+        import torch.distributed as dist
+
+        box: list[Any] = [None]
+        if self.layout.writer:
+            try:
+                box[0] = ("ok", make())
+            except ConfigError as e:
+                box[0] = ("error", str(e))
+        dist.broadcast_object_list(box, src=self.layout.writer_rank)
+        kind, value = box[0]
+        if kind == "error":
+            raise ConfigError(value)
+        return value
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def rank_dir(run_dir: Path, layout: RankLayout) -> Path:
+    """Where this rank keeps its own train.log and heartbeat: the run dir for the writer."""
+    if layout.writer:
+        return run_dir
+    own = run_dir / RANKS_DIR / f"rank-{layout.rank}"
+    own.mkdir(parents=True, exist_ok=True)
+    return own
