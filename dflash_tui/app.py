@@ -236,7 +236,9 @@ class DFlashApp(App[int]):
     # -- state --------------------------------------------------------------------------
     def feed(self, event: SinkEvent) -> None:
         self.store.apply(event)
-        if not self._redraw_pending:
+        # Before the app runs (events fed ahead of it) there is no timer to set: on_mount
+        # draws everything the store holds by then.
+        if not self._redraw_pending and self.is_running:
             self._redraw_pending = True
             self.set_timer(self.REFRESH_S, self._redraw_soon)
 

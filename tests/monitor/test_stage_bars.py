@@ -41,6 +41,8 @@ def events(hb: dict[str, Any]) -> list[Any]:
     """What the link hands the app about a run whose heartbeat is `hb`."""
     t = hb["now"]
     return [
+        # connected: a pane never connected is behind its "not connected" note
+        typed_event({"type": "link", "t": t, "state": "connected"}),
         typed_event({"type": "follow", "t": t, "run_id": hb["run_id"], "run_dir": "/runs/x"}),
         typed_event({"type": "heartbeat", "t": t, "run_id": hb["run_id"], "data": hb}),
     ]
@@ -118,7 +120,7 @@ def test_the_bar_is_the_loop_split_by_stage() -> None:
     [(200, True, 3), (120, True, 2), (100, False, 1), (80, True, 2)],
 )
 def test_it_fits_the_terminal(columns: int, device: bool, stages_listed: int) -> None:
-    seen = run((columns, 60), recorded("training-cpu.json"))
+    seen = run((columns, 70), recorded("training-cpu.json"))  # rows for a bar per thread
     (lines,) = seen["stages"]
     assert all(len(ln) <= seen["width"] for ln in lines), (seen["width"], lines)
     rows = lines[: len(PIPELINE)]
@@ -142,9 +144,9 @@ def test_a_short_pane_shows_a_row_per_role() -> None:
 
 
 def test_a_pane_too_short_for_the_roles_shows_the_busiest_thread() -> None:
-    """80x48 (the queues and alerts above the log, the plots shown) leaves the stage box
+    """80x52 (the queues and alerts above the log, the plots shown) leaves the stage box
     room for one row and the legend: the thread the others wait for."""
-    (lines,) = run((80, 48), recorded("training-cpu.json"))["stages"]
+    (lines,) = run((80, 52), recorded("training-cpu.json"))["stages"]
     assert len(lines) == 2 and re.match(r"drafter-0 cpu █+  452 ms  backward 49%", lines[0])
     assert lines[1].startswith("░ wait"), lines
 
