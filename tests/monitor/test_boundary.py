@@ -111,6 +111,7 @@ def test_malformed_lines_in_the_tui() -> None:
             app.feed(typed_event(bad))
             app.feed(decode_event_line(b"not json"))
             app.feed(decode_event({"type": "bogus"}))
+            app.redraw(force=True)  # not the coalescing timer's 0.25 s, late on a busy machine
             await pilot.pause(0.4)
             assert "3 malformed lines skipped" in plain(app.query_one(StatusBar))
             pane = plain(app.query_one(HeartbeatPane))
