@@ -19,7 +19,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from trainer.cli_args import OneLineParser
 from trainer.compile_cache import configure_compile_cache
@@ -137,6 +137,26 @@ def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
     return run_dir
 
 
+def exec_torchrun(cfg: Config, argv: list[str]) -> NoReturn:
+    """This process becomes `torchrun --standalone` with one rank per role on this host."""
+    ranks = len(cfg.runtime.targets) + len(cfg.runtime.drafters)
+    # A builtin target or dataset not in the cache yet is built here, once, before the
+    # ranks start: four ranks building it at once collided on a cold cache (one read the
+    # folder as another renamed its build into place).
+    if cfg.target.path.startswith("builtin:"):
+        from trainer.tiny_target import resolve_target_path
+
+        resolve_target_path(cfg.target.path)
+    if cfg.data.path.startswith("builtin:"):
+        from trainer.data import resolve_data_path
+
+        resolve_data_path(cfg.data.path)
+    cmd = [sys.executable, "-m", "trainer.torchrun_job", "--standalone"]
+    cmd += ["--nproc-per-node", str(ranks), "-m", "trainer", *argv]
+    print(f"processes mode: {ranks} ranks under torchrun", flush=True)
+    os.execv(sys.executable, cmd)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
@@ -167,6 +187,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     if processes:
+        if "WORLD_SIZE" not in os.environ:
+            # Started as every run is (`dflash-tui launch`, or by hand): become the job's
+            # torchrun. exec keeps this pid, its start time, its process group and the
+            # launch lock the wrapper handed down, so the agent's identity rule, kill and
+            # restart act on the job as on any run (torchrun passes SIGTERM to every rank).
+            try:
+                exec_torchrun(cfg, argv)
+            except ValueError as e:  # a builtin it could not build: one line, as setup says
+                print(f"error: {one_line(str(e))}", file=sys.stderr)
+                return 2
         from trainer.rank_run import main_processes  # imports torch, as run_training does
 
         return main_processes(args, cfg, meta)

@@ -216,6 +216,12 @@ class RankRun(Run):
 def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) -> int:
     """`python -m trainer` as one rank of a torchrun job: exit 0, 1 (crashed) or 2 (bad
     input: said once, by the writer, or by rank 0 before any rendezvous)."""
+    # Before any thread starts: the first optimizer imports torch._dynamo, which imports
+    # torch.distributed.fsdp; a thread of this rank importing torch.distributed meanwhile
+    # met the half-initialised package (ImportError, once in a loaded CI-like run).
+    import torch._dynamo
+    import torch.distributed.fsdp  # noqa: F401
+
     from trainer.__main__ import prepare_run_dir
 
     started = time.time()

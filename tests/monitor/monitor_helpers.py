@@ -5,6 +5,9 @@ decoder, as the link hands it to its sink."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -90,3 +93,15 @@ class Remote:
             self._thread.join(5)
             if not self._thread.is_alive():
                 self.loop.close()
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`dflash-tui ARGS` as an operator runs it: a process of its own, from the repo root."""
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_tui", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, **(env or {})},
+    )

@@ -11,20 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from monitor_helpers import NO_WANDB, TINY
+from monitor_helpers import NO_WANDB, TINY, cli
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dflash_tui", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.fixture(scope="module")

@@ -211,16 +211,21 @@ def _one_trainer_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_processes_mode_without_torchrun_is_one_line_exit_2(tmp_path):
+def test_processes_mode_without_torchrun_becomes_torchrun_and_says_bad_input_in_one_line(
+    tmp_path,
+):
+    """Started without torchrun (as `dflash-tui launch` starts it: that path is
+    tests/monitor/test_processes_launch.py), the trainer builds a builtin target once and execs
+    torchrun; a builtin it cannot build is one line, exit 2, before any rank or run dir."""
     cmd = [sys.executable, "-m", "trainer", "--config", str(TINY), *PROCESSES]
+    cmd += ["--set", "target.path=builtin:no-such-target"]
     env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     r = subprocess.run(
         [*cmd, "--run-root", str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT
     )
-    assert r.returncode == 2
+    assert r.returncode == 2, r.stderr
     line = _one_trainer_line(r.stderr)
-    assert line.startswith('error: config: runtime.mode = "processes": start it with torchrun')
-    assert "--nproc-per-node 4" in line
+    assert line.startswith("error: target.path: unknown builtin 'builtin:no-such-target'"), line
     assert list(tmp_path.iterdir()) == []  # refused before any run dir
 
 

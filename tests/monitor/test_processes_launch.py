@@ -1,0 +1,82 @@
+"""Processes mode (issue 17) on the operator's path: `dflash-tui launch` of a config with
+`runtime.mode = "processes"` starts a torchrun job (the trainer execs trainer/torchrun_job.py,
+keeping the pid the wrapper recorded), `status` reads the job's heartbeat, `kill` stops every
+rank at one step with a checkpoint and says so, and `restart` resumes it in processes mode."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from monitor_helpers import NO_WANDB, TINY, cli
+
+
+def job_pids(run_dir: Path) -> list[int]:
+    """Processes whose command line names this run dir (torchrun and its ranks)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        if str(run_dir).encode() in cmdline and b"dflash_agent" not in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for_step(run_dir: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while "step=" not in (run_dir / "train.log").read_text():
+        assert time.monotonic() < deadline, (run_dir / "train.log").read_text()[-2000:]
+        time.sleep(0.3)
+
+
+def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
+    remote = tmp_path / "remote"
+    where = ["local", "--remote-dir", str(remote)]
+    mode = ["--set", "runtime.mode=processes", "--set", NO_WANDB]
+    assert cli("deploy", *where).returncode == 0
+    r = cli("launch", *where, "--config", str(TINY), *mode, "--set", "train.max_steps=100000")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.split()[1]
+    run_dir = remote / "runs" / run_id
+    restarted: Path | None = None
+    try:
+        wait_for_step(run_dir)
+        launch = json.loads((run_dir / "launch.json").read_text())
+        assert "processes mode: 4 ranks under torchrun" in (run_dir / "train.log").read_text()
+        assert sorted(p.name for p in run_dir.glob("heartbeat-rank*.json")) == [
+            f"heartbeat-rank{r}.json" for r in range(4)
+        ]
+        status = json.loads(cli("status", *where, "--json").stdout)
+        assert status["state"]["phase"] == "training" and status["state"]["step"] > 0, status
+        assert len(job_pids(run_dir)) >= 5  # torchrun and its four ranks
+        # The pid the wrapper recorded (the one every signal is proven against) is the job's
+        # torchrun: the trainer exec'd it, keeping its pid and start time.
+        recorded = Path(f"/proc/{launch['pid']}/cmdline").read_bytes().split(b"\0")
+        assert b"trainer.torchrun_job" in recorded, recorded
+
+        k = cli("kill", *where, "--timeout", "30")
+        assert k.returncode == 0, k.stderr
+        ended = json.loads((run_dir / "exit.json").read_text())
+        assert ended["exit_code"] == 0 and ended["final_phase"] == "stopped", ended
+        checkpoint = f"checkpoints/step-{ended['step']:08d}.pt"
+        assert (run_dir / checkpoint).is_file()
+        assert k.stdout.startswith(
+            f"{run_id} stopped at step {ended['step']} (SIGTERM), checkpoint {checkpoint}"
+        ), k.stdout
+        assert "orphans: none" in k.stdout and job_pids(run_dir) == []
+
+        rs = cli("restart", *where, "--run", run_id, "--timeout", "30")
+        assert rs.returncode == 0, rs.stderr
+        assert f"resuming from {checkpoint} (step {ended['step']})" in rs.stdout, rs.stdout
+        restarted = remote / "runs" / rs.stdout.split("restarted as ")[1].split(",")[0]
+        wait_for_step(restarted)
+        log = (restarted / "train.log").read_text()
+        assert f"at step {ended['step']}" in log and "processes mode: 4 ranks" in log
+    finally:
+        cli("kill", *where, "--timeout", "30")
+    assert job_pids(run_dir) == [] and (restarted is None or job_pids(restarted) == [])
