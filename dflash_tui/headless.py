@@ -313,6 +313,11 @@ class Headless:
     def write(self, text: str) -> None:
         """One line as it is: JSON (which escapes every control character itself) or text
         already made visible. Text that quotes the host goes through `say`."""
+        # Blocking, every time: a process sharing this pipe (a child started on it) can turn
+        # it non-blocking, and then a long JSON line was cut and the next one written into
+        # it (seen once in CI: a snapshot line ending in an event's heartbeat).
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            os.set_blocking(self.out.fileno(), True)
         self.out.write(text + "\n")
         self.out.flush()
 
