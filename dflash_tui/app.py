@@ -249,6 +249,8 @@ class DFlashApp(App[int]):
     def redraw(self, force: bool = False) -> None:
         """Redraw the panes from the store; skipped while they are not on screen (a full
         screen over them, or the app tearing down as the timer fires)."""
+        if not self.screen_stack:
+            return  # torn down between the timer and its callback: nothing left to draw
         if getattr(self.screen, "replaying", False):
             # The replay draws its own store (widgets/replay.py); --notify still hears the
             # live run.
