@@ -123,12 +123,22 @@ def rank_config(cfg: Config, layout: RankLayout) -> Config:
 
 
 def backend_for(cfg: Config) -> str:
-    """NCCL when every rank is on a GPU, else gloo (CPU, or CPU and GPU ranks mixed)."""
+    """NCCL when every rank has a GPU of its own, else gloo: CPU ranks, CPU and GPU ranks
+    mixed, or two ranks on one GPU (NCCL refuses a communicator with a GPU twice in it:
+    "Duplicate GPU detected"), where the features go through host memory."""
     import torch
 
     devices = [*cfg.runtime.targets, *cfg.runtime.drafters]
     on_gpu = all(d != "cpu" for d in devices) and torch.cuda.is_available()
-    return "nccl" if on_gpu else "gloo"
+    return "nccl" if on_gpu and not shares_a_gpu(devices) else "gloo"
+
+
+def shares_a_gpu(devices: list[str]) -> bool:
+    """Two ranks name one GPU ("cuda:0" and "0" alike); "auto" is one GPU per local rank."""
+    gpus = [d for d in devices if d not in ("auto", "cpu")]
+    named = [d if d.startswith("cuda") else f"cuda:{d}" for d in gpus]
+    named = ["cuda:0" if d == "cuda" else d for d in named]
+    return len(named) != len(set(named))
 
 
 class Job:

@@ -271,6 +271,23 @@ def test_the_mode_keys_have_rules(override, said):
     assert said in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("devices", "shared"),
+    [
+        (["cuda:0", "cuda:0"], True),  # one H200, both roles: NCCL would refuse it
+        (["0", "cuda:0"], True),
+        (["cuda", "cuda:0"], True),
+        (["cuda:0", "cuda:1"], False),
+        (["auto", "auto"], False),  # one GPU per local rank
+        (["cpu", "cpu"], False),
+    ],
+)
+def test_ranks_that_share_a_gpu_are_seen_so_nccl_is_not_chosen_for_them(devices, shared):
+    from trainer.ranks import shares_a_gpu
+
+    assert shares_a_gpu(devices) is shared
+
+
 def test_a_threads_checkpoint_resumed_by_three_ranks_continues_the_same_trajectory(
     tmp_path, tiny_target_dir
 ):
