@@ -10,6 +10,11 @@
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
+#   modes     the 8B config with every role on cuda:0 in threads mode (the cold compile), then
+#             in processes mode (runtime.mode = "processes": one process per role under
+#             torchrun, gloo through host memory, as NCCL refuses a GPU twice): tok/s of each,
+#             their ratio, GIL p99 of each process (bench/modes_report.py), and one
+#             dump-stacks of the live processes-mode job (issue 17)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -56,6 +61,13 @@ launch_and_measure() {  # NAME CONFIG SETTLE_S MEASURE_S [--set k=v ...]
   "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
   "${cli[@]}" status "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
   local run_dir; run_dir=$(ls -td "$remote"/runs/*/ | head -1)
+  echo "$run_dir" >> "$work/measured-runs.txt"
+  if [[ -n ${DUMP_STACKS:-} ]]; then  # the live job's stacks, as an operator asks for them
+    local t_dump; t_dump=$(date +%s.%N)
+    "${cli[@]}" dump-stacks "${where[@]}" > "$out/stacks-$name.txt" 2> "$out/stacks-$name.err"
+    echo "$name: dump-stacks rc=$? in $(python3 -c "print(round($(date +%s.%N)-$t_dump, 2))") s," \
+      "$(grep -c '^Thread "' "$out/stacks-$name.txt") named threads" | tee -a "$log"
+  fi
   python3 - "$run_dir" "$t_start" "$name" <<'EOF' | tee -a "$log"
 import json, statistics, sys
 run_dir, t_start, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
@@ -104,6 +116,30 @@ import re, sys
 r = dict(re.findall(r"RESULT (\S+) tok_s=(\d+)", open(sys.argv[1]).read()))
 if "8b-chat" in r and "8b-fulldocs" in r:
     print(f"RATIO chat/fulldocs = {int(r['8b-chat']) / int(r['8b-fulldocs']):.3f}")
+EOF
+      ;;
+    modes)
+      # MODES_CONFIG, MODES_SETTLE, MODES_MEASURE: this part's own check on a CPU machine
+      # (MODES_CONFIG=trainer/configs/tiny-cpu.toml MODES_SETTLE=3 MODES_MEASURE=10).
+      config=${MODES_CONFIG:-trainer/configs/qwen3-8b-h200.toml}
+      settle=${MODES_SETTLE:-15} measure=${MODES_MEASURE:-40}
+      if [[ $config == *qwen3-8b* ]]; then
+        say "build the 8B-shaped target"
+        [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      fi
+      say deploy
+      "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      : > "$work/measured-runs.txt"
+      launch_and_measure threads "$config" "$settle" "$measure"
+      DUMP_STACKS=1 launch_and_measure processes "$config" "$settle" "$measure" --set runtime.mode=processes
+      # shellcheck disable=SC2046
+      python3 bench/modes_report.py --settle "$settle" $(cat "$work/measured-runs.txt") | tee "$out/modes.jsonl" | tee -a "$log"
+      python3 - "$out/modes.jsonl" <<'EOF' | tee -a "$log"
+import json, sys
+rows = {r.get("mode"): r for r in map(json.loads, open(sys.argv[1]))}
+t, p = rows.get("threads", {}), rows.get("processes", {})
+if t.get("tok_s") and p.get("tok_s"):
+    print(f"RATIO processes/threads = {p['tok_s'] / t['tok_s']:.3f} ({p['tok_s']:.0f} / {t['tok_s']:.0f} tok/s)")
 EOF
       ;;
     hybrid)

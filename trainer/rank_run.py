@@ -22,6 +22,7 @@ from trainer.contract.heartbeat import ErrorInfo, Heartbeat
 from trainer.contract.phases import CHECKPOINTING, FINISHED, STOPPED, STOPPING, WARMUP
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
 from trainer.fsutil import atomic_write_json
+from trainer.launcher_watch import watch_launcher
 from trainer.ranks import Job, RankLayout, layout_from_env, rank_config, rank_dir
 from trainer.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, Run, set_threads_for_cpu
 
@@ -268,7 +269,9 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     # The writer's meta is the job's (config.json's "run"); the others' only their own.
     meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}
     checkpoint = Path(meta["checkpoint"]) if meta.get("checkpoint") else None
-    code = RankRun(mine, run_dir, meta, layout, job, cfg).execute(checkpoint)
+    run = RankRun(mine, run_dir, meta, layout, job, cfg)
+    watch_launcher(run._on_stop)  # no orphan rank: trainer/launcher_watch.py
+    code = run.execute(checkpoint)
     # Leave without tearing the process group down: a peer that already left (or one that
     # will never answer) must not hold this rank's exit; everything is on disk by now.
     sys.stdout.flush()

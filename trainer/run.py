@@ -90,6 +90,7 @@ class Run:
         self.faults = FaultPlan("")  # the real plan is read in _execute: bad input exits 2
         self.log = RunLog(run_dir, echo=echo)
         self.stop_request = threading.Event()
+        self._stop_said = False  # _on_stop: the first stop request only
         self.pipeline: Any = None
         self.setup: Any = None
         self.graphs_after_warmup: int | None = None
@@ -141,11 +142,17 @@ class Run:
         return self._devices
 
     def _on_stop(self, signame: str) -> None:
-        if not self.stop_request.is_set():
-            self.log.line(f"{signame}: finishing the current step, then checkpoint and exit")
+        # A signal handler, re-entered by every SIGTERM of a storm while the first still
+        # waits for a lock (the log's, an Event's): only the first may take locks. Without
+        # this plain flag, set before any lock, each nested one logged again, into a
+        # RecursionError that crashed a clean stop (CI, SIGTERMs 5 ms apart).
+        if self._stop_said:
+            return
+        self._stop_said = True
         self.stop_request.set()
         if self.pipeline is not None:
             self.pipeline.stop_request.set()
+        self.log.line(f"{signame}: finishing the current step, then checkpoint and exit")
 
     def _on_signals_taken(self, taken: dict[str, str]) -> None:
         """Said once per library: a library that keeps taking them would flood the log."""

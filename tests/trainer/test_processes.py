@@ -355,3 +355,35 @@ def test_sigterm_to_torchrun_stops_every_rank_at_one_step_with_a_checkpoint(
         assert b.error is None
     drafters = [b for b in beats if isinstance(b, RankHeartbeat) and b.role == "drafter"]
     assert {b.step for b in drafters} == {hb.step}
+
+
+@pytest.mark.serial  # a time bound: not beside another test's trainer
+def test_ranks_whose_launcher_is_killed_stop_at_one_step_instead_of_living_on(
+    tmp_path, tiny_target_dir
+):
+    """torchrun SIGKILLed (the OOM killer, a kill -9, a signal it has no handler for): its
+    ranks see their parent gone (trainer/launcher_watch.py) and stop as at a SIGTERM, with
+    the writer's checkpoint, rather than train on as orphans nobody reaps."""
+    job = torchrun(tmp_path, "--max-steps", "100000")
+    try:
+        run_dir, _ = _wait_rank_step(tmp_path / "runs", 2, 3, job)
+        pids = [
+            b.pid
+            for r in range(4)
+            if isinstance(b := read_rank_heartbeat(run_dir, r), RankHeartbeat)
+        ]
+        assert len(pids) == 4
+        job.kill()  # torchrun alone: its ranks are not signalled
+        job.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for p in pids if Path(f"/proc/{p}").exists()]
+        assert left == [], (tmp_path / "torchrun.out").read_text()[-3000:]
+    finally:
+        kill_session(job)
+    hb = parse_heartbeat(json.loads((run_dir / "heartbeat.json").read_text()))
+    assert not isinstance(hb, Unreadable)
+    assert hb.phase == "stopped" and hb.exit_code == 0, hb
+    assert (run_dir / "checkpoints" / f"step-{hb.step:08d}.pt").is_file()
+    assert "the launcher (torchrun, pid" in (run_dir / "train.log").read_text()

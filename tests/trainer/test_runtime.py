@@ -174,7 +174,8 @@ def test_sigterms_that_keep_coming_during_teardown_do_not_turn_a_stop_into_a_kil
     while p.proc.poll() is None and time.monotonic() < deadline:
         p.signal(signal.SIGTERM)
         time.sleep(0.005)
-    assert p.wait(timeout=5) == 0
+    code = p.wait(timeout=5)
+    assert code == 0, p.stdout_path.read_text()[-4000:] + p.read("train.log")[-4000:]
     assert p.heartbeat()["phase"] == "stopped"
 
 
