@@ -42,6 +42,9 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
+    from trainer.rank_signals import install_forwarding
+
+    install_forwarding()  # a stack-dump signal reaches every rank, never ends the launcher
     try:
         torchrun_main(argv)
     except SignalException as e:  # the agent has stopped every rank by now (its _shutdown)

@@ -17,12 +17,13 @@ from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
-from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, tail_or_empty
+from dflash_tui.agent.files import Refused, read_after, read_page, read_tail
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
 from dflash_tui.agent.pages import read_page as read_range
 from dflash_tui.agent.proc_table import signal_member
+from dflash_tui.agent.rank_stacks import dump_ranks, fresh_named_dump, rank_places
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
     ClearCompileCache,
@@ -195,13 +196,8 @@ _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
 
 def _named_dump(run_dir: str, before: set[str], until: float) -> tuple[str, str] | None:
     while True:
-        fresh = sorted(
-            n for n in os.listdir(run_dir) if n.startswith("stacks-2") and n not in before
-        )
-        if fresh:
-            candidate = tail_or_empty(run_dir, fresh[-1], STACKS_BYTES)
-            if "# faulthandler" in candidate:  # written to the end
-                return fresh[-1], candidate
+        if (found := fresh_named_dump(run_dir, before, STACKS_BYTES)) is not None:
+            return found
         if time.monotonic() >= until:
             return None
         time.sleep(0.02)
@@ -256,8 +252,20 @@ def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     run_id = target_run(agent, cmd.run_id, need_alive=False)
     run_dir = agent.runs.checked_dir(run_id)
     proc = prove(agent.runs, run_id)
-    before = set(os.listdir(run_dir))
     t0 = time.monotonic()
+    if places := rank_places(run_dir):  # processes mode: the launcher passes it on
+        ranks_text, kind = dump_ranks(proc, places, cmd.timeout_s)
+        # No py-spy: it would attach to rank pids read from files, which nothing proved.
+        seconds = round(time.monotonic() - t0, 3)
+        return {
+            "run_id": run_id,
+            "pid": proc.pid,
+            "path": run_dir,
+            "text": ranks_text,
+            "kind": kind,
+            "seconds": seconds,
+        }
+    before = set(os.listdir(run_dir))
     named_until = t0 + min(cmd.timeout_s, NAMED_WAIT_S)
     signal_process(proc, signal.SIGUSR1)  # the trainer writes stacks-<time>.txt
     found = _named_dump(run_dir, before, min(named_until, t0 + RESEND_S))

@@ -59,6 +59,21 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
         recorded = Path(f"/proc/{launch['pid']}/cmdline").read_bytes().split(b"\0")
         assert b"trainer.torchrun_job" in recorded, recorded
 
+        # dump-stacks: the launcher (the proven pid) passes SIGUSR1 on to its ranks
+        # (trainer/rank_signals.py); every rank's stacks come back, headed by the rank, and
+        # the job trains on (SIGUSR1's default action used to end torchrun here).
+        d = cli("dump-stacks", *where, "--no-pyspy")
+        assert d.returncode == 0, d.stderr
+        sections = d.stdout.split("\n## ")[1:]
+        heads = [s.split(" pid ")[0] for s in sections]
+        roles = ["target 0", "target 1", "drafter 0", "drafter 1"]
+        assert heads == [f"rank {r} ({role})" for r, role in enumerate(roles)], d.stdout[:3000]
+        loops = ["_target", "_target", "_receive", "_receive"]
+        for section, loop in zip(sections, loops, strict=True):
+            assert 'Thread "' in section and f"in {loop}" in section, section[:3000]
+        assert f"# ranks dump of pid {launch['pid']}" in d.stdout
+        assert Path(f"/proc/{launch['pid']}").exists() and len(job_pids(run_dir)) >= 5
+
         k = cli("kill", *where, "--timeout", "30")
         assert k.returncode == 0, k.stderr
         ended = json.loads((run_dir / "exit.json").read_text())
