@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from dflash_tui.agent import oom
+from dflash_tui.agent.failed_rank import failed_rank_of
 from dflash_tui.agent.procs import proc_start
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.records import (
@@ -59,6 +60,7 @@ def record_exit(
         total_steps=(hb.total_steps or None) if hb else None,
         checkpoint=hb.last_checkpoint.path if hb and hb.last_checkpoint else None,
         oom=oom_check,
+        failed_rank=failed_rank_of(run_dir, hb),
     )
     write_exit(run_dir, record)
     return record

@@ -150,6 +150,8 @@ def outcome_of(
         thread = hb.error.thread if hb.error else None
         where = f" in {thread}" if thread else ""
         words = error or last_words or f"exit code {code}"
+        if exit_record is not None and exit_record.failed_rank is not None:
+            where, words = "", exit_record.failed_rank.describe()  # the cause, not this rank
         return said(CRASH, f"crashed{where}{_at(step, total)}: {words}", thread=thread)
     # A clean exit: schema 1 said `finished` for a stop too, so the step settles it.
     if final == STOPPED or (step is not None and total and step < total):

@@ -3,6 +3,10 @@
 Each has one validating reader that returns the record, `Unreadable` (torn, foreign, hostile)
 or None (not there). exit.json has one writer, `write_exit`: the launcher wrapper and the
 agent both call it, so every exit record has the same fields.
+
+exit.json history: schema 2 added total_steps, checkpoint, oom; schema 3 added failed_rank
+(a processes-mode job: the rank found failed first). Older files still read (the new
+fields default to None).
 """
 
 from __future__ import annotations
@@ -77,6 +81,23 @@ class OomCheck:
 
 
 @dataclasses.dataclass
+class FailedRank:
+    """A processes-mode job's rank found failed first, as its heartbeat-rank{R}.json said."""
+
+    rank: int
+    role: str = ""  # target | drafter
+    index: int = 0  # the role's index
+    host: str = ""
+    error: str = ""  # its own error message ("": it ended without one, e.g. SIGKILL)
+
+    def describe(self) -> str:
+        """`rank 2 (drafter 0) on HOST: RuntimeError: …`"""
+        where = f" on {self.host}" if self.host else ""
+        what = f" ({self.role} {self.index})" if self.role else ""
+        return f"rank {self.rank}{what}{where}" + (f": {self.error}" if self.error else "")
+
+
+@dataclasses.dataclass
 class ExitRecord:
     run_id: str
     exit_code: int | None = None  # None when a signal ended it
@@ -89,9 +110,12 @@ class ExitRecord:
     total_steps: int | None = None  # … of how many (schema 2)
     checkpoint: str | None = None  # the last checkpoint, relative to the run dir (schema 2)
     oom: OomCheck | None = None  # after a SIGKILL (schema 2; None: not looked, an older wrapper)
+    failed_rank: FailedRank | None = None  # schema 3; None: none failed, threads mode, older
 
     def describe(self) -> str:
         """How the process ended, in a few words (the run's outcome says more)."""
+        if self.failed_rank is not None:
+            return self.failed_rank.describe()
         if self.error:
             return self.error
         if self.signal:
