@@ -138,7 +138,8 @@ def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
 
 
 def exec_torchrun(cfg: Config, argv: list[str]) -> NoReturn:
-    """This process becomes `torchrun --standalone` with one rank per role on this host."""
+    """This process becomes torchrun with one rank per role on this host: `--standalone`, or
+    one node of a multi-host job (trainer/rank_nodes.py)."""
     ranks = len(cfg.runtime.targets) + len(cfg.runtime.drafters)
     # A builtin target or dataset not in the cache yet is built here, once, before the
     # ranks start: four ranks building it at once collided on a cold cache (one read the
@@ -151,7 +152,9 @@ def exec_torchrun(cfg: Config, argv: list[str]) -> NoReturn:
         from trainer.data import resolve_data_path
 
         resolve_data_path(cfg.data.path)
-    cmd = [sys.executable, "-m", "trainer.torchrun_job", "--standalone"]
+    from trainer.rank_nodes import torchrun_node_args
+
+    cmd = [sys.executable, "-m", "trainer.torchrun_job", *torchrun_node_args(os.environ)]
     cmd += ["--nproc-per-node", str(ranks), "-m", "trainer", *argv]
     print(f"processes mode: {ranks} ranks under torchrun", flush=True)
     os.execv(sys.executable, cmd)
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             # restart act on the job as on any run (torchrun passes SIGTERM to every rank).
             try:
                 exec_torchrun(cfg, argv)
-            except ValueError as e:  # a builtin it could not build: one line, as setup says
+            except (ValueError, ConfigError) as e:  # a bad builtin or node variable: one line
                 print(f"error: {one_line(str(e))}", file=sys.stderr)
                 return 2
         from trainer.rank_run import main_processes  # imports torch, as run_training does

@@ -9,6 +9,15 @@ dir, writes config.json, train.log, metrics.jsonl, heartbeat.json and the checkp
 rank writes heartbeat-rank{R}.json there (trainer/contract/ranks.py) and keeps its own log
 and heartbeat under ranks/rank-{R}/ (the writer's are the job's own).
 
+Several nodes (torchrun --nnodes N, one torchrun per host; trainer/rank_nodes.py): the
+lists are per node, so every node runs t = len(runtime.targets) targets and d =
+len(runtime.drafters) replicas and the job has T = N*t, D = N*d. Node n holds global ranks
+n*(t+d) .. n*(t+d)+t+d-1 (torchrun's RANK = node rank * local world + local rank); on it
+local ranks 0..t-1 run targets n*t .. n*t+t-1 and local ranks t..t+d-1 replicas n*d ..
+n*d+d-1, each on the node's own list entry. Batch g still goes target g % T -> replica
+g % D, and the writer is still replica 0 (global rank t, on node 0). With N = 1 this is
+the single-node mapping above, unchanged.
+
 Nothing here imports torch at module level: the refusal of a wrong world size comes before
 torch is imported and before any rendezvous, so it never waits for a peer.
 """
@@ -34,36 +43,56 @@ class RankLayout:
     rank: int
     world_size: int
     local_rank: int
-    targets: int  # T
-    drafters: int  # D
+    targets: int  # T, over every node
+    drafters: int  # D, over every node
     device: str  # as the config names it ("cpu", "cuda:1", "auto")
+    nodes: int = 1  # N; the lists are per node, so t = T // N and d = D // N
+
+    @property
+    def per_node(self) -> int:
+        return (self.targets + self.drafters) // self.nodes
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.per_node
+
+    @property
+    def _t(self) -> int:
+        return self.targets // self.nodes
+
+    @property
+    def _d(self) -> int:
+        return self.drafters // self.nodes
 
     @property
     def role(self) -> str:
-        return TARGET if self.rank < self.targets else DRAFTER
+        return TARGET if self.rank % self.per_node < self._t else DRAFTER
 
     @property
     def index(self) -> int:
-        """Target t or drafter replica r."""
-        return self.rank if self.role == TARGET else self.rank - self.targets
+        """Target t or drafter replica r, over every node."""
+        local = self.rank % self.per_node
+        if self.role == TARGET:
+            return self.node * self._t + local
+        return self.node * self._d + local - self._t
 
     @property
     def writer_rank(self) -> int:
-        return self.targets
+        return self.drafter_rank(0)
 
     @property
     def writer(self) -> bool:
         return self.rank == self.writer_rank
 
     def target_rank(self, t: int) -> int:
-        return t
+        return (t // self._t) * self.per_node + t % self._t
 
     def drafter_rank(self, r: int) -> int:
-        return self.targets + r
+        return (r // self._d) * self.per_node + self._t + r % self._d
 
     @property
     def drafter_ranks(self) -> list[int]:
-        return list(range(self.targets, self.targets + self.drafters))
+        return [self.drafter_rank(r) for r in range(self.drafters)]
 
     @property
     def name(self) -> str:
@@ -92,17 +121,23 @@ def layout_from_env(cfg: Config, env: Mapping[str, str] | None = None) -> RankLa
         )
         raise bad_value("runtime.mode", "processes", rule)
     world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
-    if world != t + d:
+    # One node's share is t + d ranks; a multi-node world is a whole number of them.
+    local_world = _env_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else t + d
+    if local_world != t + d or world < t + d or world % (t + d):
         rule = (
             f"WORLD_SIZE is {world} but runtime.targets + runtime.drafters make {t + d} ranks"
             f" ({t} + {d}); start torchrun with --nproc-per-node {t + d}"
         )
+        if local_world != t + d:
+            rule = f"LOCAL_WORLD_SIZE is {local_world}, " + rule.split(" but ", 1)[1]
         raise bad_value("runtime.mode", "processes", rule)
     if not 0 <= rank < world:
         raise bad_value("runtime.mode", "processes", f"RANK={rank} is outside 0..{world - 1}")
     local = _env_int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-    device = rt.targets[rank] if rank < t else rt.drafters[rank - t]
-    return RankLayout(rank, world, local, t, d, device)
+    nodes = world // (t + d)
+    on_node = rank % (t + d)
+    device = rt.targets[on_node] if on_node < t else rt.drafters[on_node - t]
+    return RankLayout(rank, world, local, nodes * t, nodes * d, device, nodes)
 
 
 def rank_config(cfg: Config, layout: RankLayout) -> Config:
