@@ -6,6 +6,8 @@ rank at one step with a checkpoint and says so, and `restart` resumes it in proc
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -92,6 +94,20 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
         wait_for_step(restarted)
         log = (restarted / "train.log").read_text()
         assert f"at step {ended['step']}" in log and "processes mode: 4 ranks" in log
+
+        # One rank dies (SIGKILL, no word of its own): the job ends within seconds, and
+        # exit.json, `runs` and `status` name that rank, not the launcher.
+        victim = json.loads((restarted / "heartbeat-rank3.json").read_text())
+        os.kill(victim["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not (restarted / "exit.json").exists():
+            assert time.monotonic() < deadline, (restarted / "train.log").read_text()[-3000:]
+            time.sleep(0.3)
+        failed = json.loads((restarted / "exit.json").read_text())["failed_rank"]
+        assert failed["rank"] == 3 and failed["role"] == "drafter", failed
+        runs = cli("runs", *where).stdout
+        line = next(ln for ln in runs.splitlines() if restarted.name in ln)
+        assert "crashed" in line and "rank 3 (drafter 1)" in line, runs
     finally:
         cli("kill", *where, "--timeout", "30")
     assert job_pids(run_dir) == [] and (restarted is None or job_pids(restarted) == [])
