@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from dflash_tui import compile_progress, evaluation
+from dflash_tui import compile_progress, evaluation, ranks_view
 from dflash_tui.facts import (
     current_visit,
     earlier_runs,
@@ -689,6 +689,58 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             if dead
             else "dump stacks (d); if nothing answers, kill (k) and restart (r)",
         )
+    ]
+
+
+@rule
+def rank_silent(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """processes mode: one rank's heartbeat falls behind the other ranks' (each rewrites its
+    own every <= 2 s from its own thread): that process is hung or dead while the job's
+    heartbeat, written by another rank, still looks fresh."""
+    hb = s.heartbeat
+    if hb is None or hb.phase in FINAL_PHASES or len(s.ranks) < 2:
+        return []
+    limit = cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S
+    by_rank = {b.rank: b for b in ranks_view.beats(s.ranks)}
+    found = []
+    for rank, lag in ranks_view.lags(s.ranks).items():
+        b = by_rank[rank]
+        if lag <= limit or b.phase in FINAL_PHASES:
+            continue
+        found.append(
+            Finding(
+                "critical",
+                "rank_silent",
+                f"{ranks_view.name(b)} silent on {b.host}",
+                f"its heartbeat is {_dur(lag)} behind the freshest rank's (pid {b.pid}, "
+                f"{b.device}, last phase {b.phase} at step {b.step}); each rank rewrites it "
+                "every <= 2 s",
+                "dump stacks (d): its section says where it waits; if it answers nothing, "
+                "kill (K) and restart (r)",
+            )
+        )
+    return found
+
+
+@rule
+def rank_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """processes mode: a rank says it failed, before the job's end names it (the other
+    ranks stop within seconds, then exit.json and `crashed` say the rest)."""
+    hb = s.heartbeat
+    if hb is None or hb.phase in FINAL_PHASES:
+        return []
+    return [
+        Finding(
+            "critical",
+            "rank_failed",
+            f"{ranks_view.name(b)} failed on {b.host}",
+            f"{b.error.message} (rank {b.rank}, pid {b.pid}, {b.device}, step {b.step})",
+            "the job stops within seconds; read its log ("
+            + ("train.log" if b.writer else f"ranks/rank-{b.rank}/train.log")
+            + "), fix, then restart (r) from the last checkpoint",
+        )
+        for b in ranks_view.beats(s.ranks)
+        if b.error is not None and b.failed_rank in (None, b.rank)
     ]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dflash_tui import stages
+from dflash_tui import ranks_view, stages
 from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
 from trainer.contract.evaluation import EvalInfo
 from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, upgrade_note
@@ -40,6 +40,7 @@ from trainer.contract.protocol import (
     Log,
     ProcsEvent,
     Progress,
+    RankHeartbeatEvent,
     RunInfo,
     RunsEvent,
     Truncated,
@@ -112,6 +113,7 @@ class Store:
         self.heartbeat: Heartbeat | None = None
         self.heartbeat_error: str | None = None
         self.heartbeats: list[Heartbeat] = []  # the bounded history, oldest first
+        self.ranks: dict[int, ranks_view.RankSeen] = {}  # processes mode: ranks_view.py
         self.log_lines: deque[str] = deque(maxlen=log_capacity)
         # train.log's byte offset of each kept line (log_lines' twin): where the step log
         # pages back from when it scrolls past the kept tail (dflash_tui/log_pages.py).
@@ -169,6 +171,9 @@ class Store:
                 self._on_heartbeat(event)
             elif isinstance(event, HeartbeatError):
                 self.heartbeat_error = event.error  # the last good heartbeat stays
+            elif isinstance(event, RankHeartbeatEvent):
+                if event.run_id == self.run_id and (bad := ranks_view.fold(self.ranks, event)):
+                    self._skipped(bad)
             elif isinstance(event, Line):
                 self._on_line(event)
             elif isinstance(event, Truncated):
@@ -226,6 +231,7 @@ class Store:
             self.heartbeat = None
             self.heartbeat_error = None
             self.heartbeats.clear()
+            self.ranks.clear()
             self.log_lines.clear()
             self.log_offsets.clear()
             self.log_total = 0
@@ -439,6 +445,7 @@ class Store:
             "eval": encode(self.eval_info()),
             "heartbeat_age_s": self.heartbeat_age(now),
             "heartbeat_error": self.heartbeat_error,
+            "ranks": ranks_view.to_json(self.ranks),
             "heartbeat_note": self.heartbeat_note(),
             "alive": self.process_alive(),
             "exit": encode(self.exit_info()),

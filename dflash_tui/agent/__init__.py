@@ -24,6 +24,7 @@ One job per module:
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
   identity  whose process a signal may reach: the run's, proven, or none
   commands  every command's handler, by command record
+  rank_watch  the followed job's heartbeat-rank files, re-read when they change
   rank_stacks  dump-stacks of a processes-mode job: every rank's dump, headed by its rank
   launch    starting a run under the launch lock (a restart's: `--resume` its parent)
   resume    what a restart continues: a run's newest good checkpoint, read without torch

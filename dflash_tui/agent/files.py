@@ -14,6 +14,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from dflash_tui.agent.errors import CommandError
@@ -239,10 +240,16 @@ class HeartbeatWatch:
     contract's reader. A torn or foreign file is an error to report; the last good one
     stays what the monitor shows."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        parse: Callable[[Any, str], Any] = parse_heartbeat,
+        limit: int = MAX_HEARTBEAT_BYTES,
+    ) -> None:
         self.path = path
         self.sig: tuple[int, int, int] | None = None
         self.last_good: Any = None
+        self.parse, self.limit = parse, limit  # a rank's heartbeat: RankWatch
 
     def poll(self) -> tuple[str, Any] | None:
         """-> ("ok", the heartbeat as written) | ("error", why) | None when unchanged."""
@@ -255,13 +262,13 @@ class HeartbeatWatch:
             return None
         self.sig = sig
         name = os.path.basename(self.path)
-        raw = read_bounded(self.path, MAX_HEARTBEAT_BYTES)
+        raw = read_bounded(self.path, self.limit)
         if raw is None:
             return None
-        data = raw if isinstance(raw, Unreadable) else parse_json(raw, name, MAX_HEARTBEAT_BYTES)
+        data = raw if isinstance(raw, Unreadable) else parse_json(raw, name, self.limit)
         if isinstance(data, Unreadable):
             return ("error", str(data))
-        checked = parse_heartbeat(data, name)
+        checked = self.parse(data, name)
         if isinstance(checked, Unreadable):
             return ("error", str(checked))
         # The event carries the file as written: a newer trainer's extra fields reach the

@@ -29,6 +29,7 @@ from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.host import HostProbe
 from dflash_tui.agent.output import Out
 from dflash_tui.agent.proc_table import ProcTable
+from dflash_tui.agent.rank_watch import RankWatch
 from dflash_tui.agent.runs import RunRoot
 from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
 from trainer.contract.protocol import (
@@ -46,6 +47,7 @@ from trainer.contract.protocol import (
     Liveness,
     Log,
     Progress,
+    RankHeartbeatEvent,
     Result,
     RunInfo,
     RunsEvent,
@@ -77,6 +79,7 @@ class Agent:
         self.run_id: str | None = None
         self.followers: dict[str, FileFollower] = {}
         self.heartbeat: HeartbeatWatch | None = None
+        self.rank_watch: RankWatch | None = None
         self.last_liveness: tuple[Any, ...] | None = None
         self.last_liveness_at = 0.0
         self.last_runs: tuple[Any, ...] | None = None
@@ -250,8 +253,14 @@ class Agent:
             run_id = self.run_id
             followers = dict(self.followers)
             hb = self.heartbeat
+            ranks = self.rank_watch
         if run_id is None:
             return
+        for rank, kind, value in ranks.poll() if ranks is not None else []:
+            if kind == "ok":
+                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, data=value))
+            else:
+                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, error=value))
         if hb is not None:
             got = hb.poll()
             if got is not None:
@@ -288,6 +297,7 @@ class Agent:
             self.run_id = run_id
             self.followers = followers
             self.heartbeat = HeartbeatWatch(os.path.join(d, HEARTBEAT))
+            self.rank_watch = RankWatch(d)
             self.last_liveness = None
         self.out.emit(Follow(run_id=run_id, run_dir=d, resumed=resumed))
 

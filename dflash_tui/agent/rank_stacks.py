@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dflash_tui.agent.files import Refused, read_after, tail_or_empty
 from dflash_tui.agent.identity import Proven, signal_process, still
 from trainer.contract.ranks import RANK_HEARTBEAT_PREFIX, RankHeartbeat, read_rank_heartbeat
+from trainer.contract.records import read_config
 
 MAX_RANKS = 4096  # a world bigger than this is not a job's, it is a hostile dir
 RANK_BYTES = 1 << 18  # of one rank's dump: a few KB of Python stacks, bounded anyway
@@ -49,8 +50,18 @@ def _plain_dir(path: str) -> bool:
         return False
 
 
+def processes_mode(run_dir: str) -> bool:
+    """The run's config.json says so: a stray heartbeat-rank file in a threads-mode run's
+    dir does not make it a job of ranks."""
+    cfg = read_config(run_dir)
+    runtime = cfg.get("runtime") if isinstance(cfg, dict) else None
+    return isinstance(runtime, dict) and runtime.get("mode") == "processes"
+
+
 def rank_places(run_dir: str) -> list[RankPlace]:
     """The job's ranks, in rank order; [] for a threads-mode run."""
+    if not processes_mode(run_dir):
+        return []
     try:
         names = os.listdir(run_dir)
     except OSError:

@@ -28,7 +28,7 @@ import pytest
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.link.transport import BOOTSTRAP, agent_source
 from trainer.contract.codehash import code_hash
-from trainer.contract.protocol import MAX_LINE_BYTES
+from trainer.contract.protocol import MAX_LINE_BYTES, PROTOCOL_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "rundirs" / "main-c119aa7"
@@ -362,7 +362,7 @@ def test_the_bundle_never_imports_a_nearby_trainer(agent_factory, tmp_path):
     shutil.copytree(FIXTURE, tmp_path / "runs")
     env = {**os.environ, "PYTHONPATH": str(on_path)}
     agent = agent_factory(tmp_path / "runs", cwd=cwd, env=env)
-    assert agent.seen[0]["version"] == 2
+    assert agent.seen[0]["version"] == PROTOCOL_VERSION  # the bundled contract
     assert agent.runs()[STOPPED]["outcome"]["kind"] == "stopped"  # the contract at work
     assert not (cwd / "imported").exists() and not (on_path / "imported").exists()
 

@@ -76,6 +76,27 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
         assert f"# ranks dump of pid {launch['pid']}" in d.stdout
         assert Path(f"/proc/{launch['pid']}").exists() and len(job_pids(run_dir)) >= 5
 
+        # The monitor follows every rank: status names each, and a rank that stops
+        # heartbeating (SIGSTOP: hung) is named while the job's own heartbeat, written by
+        # another rank, still looks fresh.
+        st = cli("status", *where)
+        for r, role in enumerate(roles):
+            assert f"rank {r} ({role}) pid " in st.stdout, st.stdout
+        ranks = json.loads(cli("status", *where, "--json").stdout)["state"]["ranks"]
+        assert [x["heartbeat"]["role"] for x in ranks] == ["target"] * 2 + ["drafter"] * 2
+        hung = ranks[1]["heartbeat"]["pid"]
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                st = cli("status", *where)
+                if "rank 1 (target 1) silent" in st.stdout:
+                    break
+                assert time.monotonic() < deadline, st.stdout
+                time.sleep(1)
+        finally:
+            os.kill(hung, signal.SIGCONT)
+
         k = cli("kill", *where, "--timeout", "30")
         assert k.returncode == 0, k.stderr
         ended = json.loads((run_dir / "exit.json").read_text())

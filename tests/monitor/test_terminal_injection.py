@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 from monitor_helpers import ROOT
 
+from trainer.contract.heartbeat import ErrorInfo
+from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat
+
 # Every attack in one string, each after a letter so a test can find it.
 ATTACKS = (
     "A\x1b[2J B\x1b]0;title\x07 C\x1b]8;;http://evil\x1b\\text\x1b]8;;\x1b\\ "
@@ -88,6 +91,26 @@ class HostileRunRoot:
         config["run"]["created"] = time.time()
         (self.live / "config.json").write_text(json.dumps(config))
         (self.live / "train.log").write_text("\n".join(STEP_LINES) + "\n")
+        # processes mode: a rank heartbeat (the contract's own writer) whose host and error
+        # are attacks, a torn one, and a symlink where one should be.
+        rank0 = RankHeartbeat(
+            schema=RANK_SCHEMA_VERSION,
+            run_id=LIVE_RUN,
+            rank=0,
+            world_size=2,
+            role="target",
+            index=0,
+            device="cuda:0",
+            pid=os.getpid(),
+            host=ATTACKS,
+            now=time.time(),
+            phase="crashed",
+            error=ErrorInfo(thread="target-0", message=ATTACKS),
+            failed_rank=0,
+        )
+        (self.live / "heartbeat-rank0.json").write_text(json.dumps(rank0.to_json()))
+        (self.live / "heartbeat-rank1.json").write_text('{"schema": 1, "rank": ')
+        (self.live / "heartbeat-rank2.json").symlink_to("/etc/passwd")
         text_file = base / "attacks.txt"
         text_file.write_text(ATTACKS, encoding="utf-8")
         self.proc = subprocess.Popen(
@@ -170,6 +193,10 @@ def test_status_shows_hostile_strings_as_text(where: tuple[list[str], dict[str, 
     # The findings quote the host's thread names and states (the stuck drafter).
     assert_shows_attacks(out, "status's findings")
     assert r"drafter-0 A\x1b[2J" in out, out
+    # Each rank's line: the hostile one as text, the torn and the symlinked one named.
+    assert r"rank 0 (target 0) pid" in out and r"on A\x1b[2J" in out, out
+    assert "rank 0 (target 0) failed on" in out  # the rank_failed finding
+    assert "rank 1: unreadable (" in out and "rank 2: unreadable (" in out, out
 
 
 def test_status_json_keeps_the_exact_strings(where: tuple[list[str], dict[str, str]]) -> None:

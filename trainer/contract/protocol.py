@@ -28,7 +28,8 @@ from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
 T = TypeVar("T")
-PROTOCOL_VERSION = 2
+# 2: the first versioned protocol; 3: `rank_heartbeat` (a processes-mode job's ranks).
+PROTOCOL_VERSION = 3
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
 MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
@@ -416,6 +417,22 @@ class HeartbeatError(Event):
 
 
 @dataclasses.dataclass(kw_only=True)
+class RankHeartbeatEvent(Event):
+    """heartbeat-rank{R}.json of a processes-mode job (trainer/contract/ranks.py): the file
+    as written, which the store parses with the contract's reader, or why it is unreadable."""
+
+    run_id: str
+    rank: int
+    data: Any = None
+    error: str | None = None
+
+    def invalid(self) -> str | None:
+        if not 0 <= self.rank < (1 << 16):
+            return f"rank {self.rank}: not a rank"
+        return super().invalid()
+
+
+@dataclasses.dataclass(kw_only=True)
 class Line(Event):
     run_id: str
     file: str
@@ -473,6 +490,7 @@ EVENTS: dict[str, type[Event]] = {
     "follow": Follow,
     "heartbeat": HeartbeatEvent,
     "heartbeat_error": HeartbeatError,
+    "rank_heartbeat": RankHeartbeatEvent,
     "line": Line,
     "truncated": Truncated,
     "liveness": Liveness,

@@ -1,0 +1,92 @@
+"""A processes-mode job's ranks as the monitor holds and says them: each rank's newest
+heartbeat-rank{R}.json (the agent's `rank_heartbeat` events, parsed here with the contract's
+reader), its lag behind the freshest rank, and the lines and JSON the views print."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainer.contract.phases import FINAL_PHASES
+from trainer.contract.protocol import RankHeartbeatEvent
+from trainer.contract.ranks import RankHeartbeat, parse_rank_heartbeat
+from trainer.contract.typed import Unreadable
+
+MAX_RANKS_HELD = 4096
+
+
+@dataclasses.dataclass
+class RankSeen:
+    beat: RankHeartbeat | None = None
+    error: str | None = None  # why its file was last unreadable (the last good one stays)
+
+
+def fold(ranks: dict[int, RankSeen], e: RankHeartbeatEvent) -> Unreadable | None:
+    """Fold one event into `ranks`; an unreadable file is returned to be counted."""
+    if e.rank not in ranks and len(ranks) >= MAX_RANKS_HELD:
+        return Unreadable(f"heartbeat-rank{e.rank}.json", "more ranks than a monitor holds")
+    seen = ranks.setdefault(e.rank, RankSeen())
+    if e.error is not None:
+        seen.error = e.error
+        return None
+    beat = parse_rank_heartbeat(e.data, f"heartbeat-rank{e.rank}.json")
+    if isinstance(beat, Unreadable):
+        seen.error = beat.why
+        return beat
+    if beat.rank != e.rank:
+        seen.error = f"says it is rank {beat.rank}"
+        return Unreadable(f"heartbeat-rank{e.rank}.json", seen.error)
+    seen.beat, seen.error = beat, None
+    return None
+
+
+def beats(ranks: dict[int, RankSeen]) -> list[RankHeartbeat]:
+    return [seen.beat for _, seen in sorted(ranks.items()) if seen.beat is not None]
+
+
+def lags(ranks: dict[int, RankSeen]) -> dict[int, float]:
+    """Seconds each rank's newest heartbeat is behind the freshest rank's (the ranks' own
+    clocks, so no clock of the monitor's enters; ranks of one host share one clock)."""
+    got = beats(ranks)
+    if not got:
+        return {}
+    newest = max(b.now for b in got)
+    return {b.rank: max(0.0, newest - b.now) for b in got}
+
+
+def name(b: RankHeartbeat) -> str:
+    return f"rank {b.rank} ({b.role} {b.index})"
+
+
+def lines(ranks: dict[int, RankSeen]) -> list[str]:
+    """One line per rank for `status` (host text: the caller sanitises)."""
+    behind = lags(ranks)
+    out = []
+    for rank, seen in sorted(ranks.items()):
+        b = seen.beat
+        if b is None:
+            out.append(f"rank {rank}: unreadable ({seen.error})")
+            continue
+        lag = behind.get(rank, 0.0)
+        text = f"{name(b)} pid {b.pid} on {b.host}, {b.device}: {b.phase}, step {b.step}"
+        if lag >= 1.0 and b.phase not in FINAL_PHASES:
+            text += f", heartbeat {lag:.0f}s behind the others"
+        if b.error is not None:
+            text += f"; error: {b.error.message}"
+        if seen.error:
+            text += f" (its file now: {seen.error})"
+        out.append(text)
+    return out
+
+
+def to_json(ranks: dict[int, RankSeen]) -> list[dict[str, Any]]:
+    behind = lags(ranks)
+    return [
+        {
+            "rank": rank,
+            "heartbeat": seen.beat.to_json() if seen.beat else None,
+            "lag_s": behind.get(rank),
+            "error": seen.error,
+        }
+        for rank, seen in sorted(ranks.items())
+    ]
