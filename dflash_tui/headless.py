@@ -389,7 +389,6 @@ class Headless:
                 if not self.as_json:
                     for line in ranks_view.lines(self.store.ranks):  # processes mode
                         self.say(line)  # say() sanitises: host and error are the host's
-                if not self.as_json:
                     for f in findings:
                         self.say(f"  {f.severity}: {f.title} — {f.evidence} → {f.action}")
                 return code

@@ -9,10 +9,8 @@ from typing import Any
 
 from trainer.contract.phases import FINAL_PHASES
 from trainer.contract.protocol import RankHeartbeatEvent
-from trainer.contract.ranks import RankHeartbeat, parse_rank_heartbeat
+from trainer.contract.ranks import MAX_RANKS, RankHeartbeat, parse_rank_heartbeat
 from trainer.contract.typed import Unreadable
-
-MAX_RANKS_HELD = 4096
 
 
 @dataclasses.dataclass
@@ -23,7 +21,7 @@ class RankSeen:
 
 def fold(ranks: dict[int, RankSeen], e: RankHeartbeatEvent) -> Unreadable | None:
     """Fold one event into `ranks`; an unreadable file is returned to be counted."""
-    if e.rank not in ranks and len(ranks) >= MAX_RANKS_HELD:
+    if e.rank not in ranks and len(ranks) >= MAX_RANKS:
         return Unreadable(f"heartbeat-rank{e.rank}.json", "more ranks than a monitor holds")
     seen = ranks.setdefault(e.rank, RankSeen())
     if e.error is not None:

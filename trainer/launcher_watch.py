@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 WATCH_PERIOD_S = 1.0
@@ -26,8 +27,8 @@ def watch_launcher(
     parent = os.getppid()
 
     def loop() -> None:
-        stop = threading.Event()
-        while not stop.wait(period_s):
+        while True:
+            time.sleep(period_s)
             if os.getppid() != parent:
                 on_gone(f"the launcher (torchrun, pid {parent}) is gone")
                 return

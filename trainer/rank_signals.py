@@ -20,12 +20,11 @@ from types import FrameType
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
 
 
-def rank_children(pid: int | None = None) -> list[int]:
+def rank_children() -> list[int]:
     """This process's live children that run the trainer (torchrun's workers), from /proc:
     only pids the kernel lists as ours, so nothing else is ever signalled."""
-    pid = os.getpid() if pid is None else pid
     kids: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
             kids += [int(k) for k in (task / "children").read_text().split()]
         except (OSError, ValueError):

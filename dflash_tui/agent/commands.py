@@ -17,13 +17,18 @@ from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
-from dflash_tui.agent.files import Refused, read_after, read_page, read_tail
+from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, size_or_zero
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
 from dflash_tui.agent.pages import read_page as read_range
 from dflash_tui.agent.proc_table import signal_member
-from dflash_tui.agent.rank_stacks import dump_ranks, fresh_named_dump, rank_places
+from dflash_tui.agent.rank_stacks import (
+    FALLBACK_FILE,
+    dump_ranks,
+    fresh_named_dump,
+    rank_places,
+)
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.protocol import (
     ClearCompileCache,
@@ -190,7 +195,6 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
 # (the trainer's guard puts its handler back within 0.2 s) is sent again after RESEND_S.
 NAMED_WAIT_S = 2.0
 RESEND_S = 0.6
-FALLBACK_FILE = "stacks-sigusr2.txt"
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
 
 
@@ -203,18 +207,11 @@ def _named_dump(run_dir: str, before: set[str], until: float) -> tuple[str, str]
         time.sleep(0.02)
 
 
-def _size(run_dir: str, name: str) -> int:
-    try:
-        return read_after(run_dir, name, 1 << 62, 0)[1]
-    except (OSError, Refused):
-        return 0
-
-
 def _faulthandler_dump(proc: Proven, run_dir: str, wait_s: float) -> str | None:
     """SIGUSR2: faulthandler's C-level dump of every thread (it runs even while the main
     thread is stuck in C code), appended to stacks-sigusr2.txt; what it appended, once the
     file has stopped growing."""
-    offset = _size(run_dir, FALLBACK_FILE)
+    offset = size_or_zero(run_dir, FALLBACK_FILE)
     signal_process(proc, signal.SIGUSR2)
     deadline, text, last = time.monotonic() + wait_s, "", -1
     while time.monotonic() < deadline:

@@ -129,6 +129,14 @@ def read_after(folder: str, name: str, offset: int, max_bytes: int) -> tuple[str
         return f.read(max_bytes).decode("utf-8", "replace"), size
 
 
+def size_or_zero(folder: str, name: str) -> int:
+    """`folder/name`'s size (open_in's rules), or 0 when it is missing or refused."""
+    try:
+        return read_after(folder, name, 1 << 62, 0)[1]
+    except (OSError, Refused):
+        return 0
+
+
 def tail_or_empty(folder: str, name: str, max_bytes: int) -> str:
     """read_tail, or "" when the file is missing, unreadable or refused."""
     try:

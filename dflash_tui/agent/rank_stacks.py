@@ -12,23 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import signal
 import stat
 import time
-from collections.abc import Callable
 
-from dflash_tui.agent.files import Refused, read_after, tail_or_empty
+from dflash_tui.agent.files import Refused, read_after, size_or_zero, tail_or_empty
 from dflash_tui.agent.identity import Proven, signal_process, still
-from trainer.contract.ranks import RANK_HEARTBEAT_PREFIX, RankHeartbeat, read_rank_heartbeat
+from trainer.contract.ranks import (
+    MAX_RANKS,
+    RankHeartbeat,
+    rank_of_heartbeat_name,
+    read_rank_heartbeat,
+)
 from trainer.contract.records import read_config
 
-MAX_RANKS = 4096  # a world bigger than this is not a job's, it is a hostile dir
 RANK_BYTES = 1 << 18  # of one rank's dump: a few KB of Python stacks, bounded anyway
 RANK_WAIT_S = 4.0  # every rank's named dump (a loaded host with many ranks answers later)
 RESEND_S = 0.8  # a SIGUSR1 swallowed by a native library: the rank's guard puts ours back
-FALLBACK_FILE = "stacks-sigusr2.txt"
-_RANK_FILE = re.compile(re.escape(RANK_HEARTBEAT_PREFIX) + r"(\d{1,4})\.json")
+FALLBACK_FILE = "stacks-sigusr2.txt"  # trainer/signals.py: faulthandler's, appended to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ def rank_places(run_dir: str) -> list[RankPlace]:
         names = os.listdir(run_dir)
     except OSError:
         return []
-    ranks = sorted({int(m.group(1)) for n in names if (m := _RANK_FILE.fullmatch(n))})
+    ranks = sorted({r for n in names if (r := rank_of_heartbeat_name(n)) is not None})
     places = []
     for rank in ranks[:MAX_RANKS]:
         beat = read_rank_heartbeat(run_dir, rank)
@@ -106,49 +107,36 @@ def _listing(folder: str | None) -> set[str]:
         return set()
 
 
-def _size(folder: str) -> int:
-    try:
-        return read_after(folder, FALLBACK_FILE, 1 << 62, 0)[1]
-    except (OSError, Refused):
-        return 0
-
-
-def dump_ranks(
-    proc: Proven,
-    places: list[RankPlace],
-    timeout_s: float,
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[str, str]:
+def dump_ranks(proc: Proven, places: list[RankPlace], timeout_s: float) -> tuple[str, str]:
     """(text, kind): every rank's named dump (SIGUSR1 to the launcher, once more after
     RESEND_S for ranks still silent), then faulthandler's (SIGUSR2) for any rank that gave
     none within RANK_WAIT_S; a rank that gave neither is named as silent."""
-    t0 = clock()
+    t0 = time.monotonic()
     before = {p.rank: _listing(p.folder) for p in places}
-    offsets = {p.rank: _size(p.folder) for p in places if p.folder}
     found: dict[int, tuple[str, str]] = {}
     signal_process(proc, signal.SIGUSR1)
     resent = False
     until = t0 + min(timeout_s, RANK_WAIT_S)
     waiting = [p for p in places if p.folder]
-    while waiting and clock() < until:
+    while waiting and time.monotonic() < until:
         for p in list(waiting):
             got = fresh_named_dump(p.folder or "", before[p.rank])
             if got is not None:
                 found[p.rank] = got
                 waiting.remove(p)
-        if waiting and not resent and clock() - t0 >= RESEND_S and still(proc):
+        if waiting and not resent and time.monotonic() - t0 >= RESEND_S and still(proc):
             signal_process(proc, signal.SIGUSR1)
             resent = True
         time.sleep(0.05)
     fallback: dict[int, str] = {}
     if waiting and still(proc):
+        # Where each silent rank's faulthandler file ends now: what SIGUSR2 appends is after.
+        offsets = {p.rank: size_or_zero(p.folder or "", FALLBACK_FILE) for p in waiting}
         signal_process(proc, signal.SIGUSR2)
         time.sleep(1.0)  # faulthandler writes from the C handler at once
         for p in waiting:
             try:
-                text, _ = read_after(
-                    p.folder or "", FALLBACK_FILE, offsets.get(p.rank, 0), RANK_BYTES
-                )
+                text, _ = read_after(p.folder or "", FALLBACK_FILE, offsets[p.rank], RANK_BYTES)
             except (OSError, Refused):
                 text = ""
             if text:

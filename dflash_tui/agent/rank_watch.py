@@ -4,20 +4,18 @@ it changes and checked with the contract's reader, like heartbeat.json (files.py
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
 from dflash_tui.agent.files import HeartbeatWatch
 from trainer.contract.ranks import (
     MAX_RANK_HEARTBEAT_BYTES,
-    RANK_HEARTBEAT_PREFIX,
+    MAX_RANKS,
     parse_rank_heartbeat,
+    rank_of_heartbeat_name,
 )
 
-MAX_RANKS = 4096  # more such files than this: a hostile dir, not a job (the rest is ignored)
 LIST_EVERY_S = 1.0  # new ranks appear as the job starts; listing the dir each tick costs
-_RANK_FILE = re.compile(re.escape(RANK_HEARTBEAT_PREFIX) + r"(\d{1,5})\.json")
 
 
 class RankWatch:
@@ -36,10 +34,9 @@ class RankWatch:
         except OSError:
             return
         for name in names:
-            m = _RANK_FILE.fullmatch(name)
-            if m is None or len(self.watches) >= MAX_RANKS:
+            rank = rank_of_heartbeat_name(name)
+            if rank is None or len(self.watches) >= MAX_RANKS:
                 continue
-            rank = int(m.group(1))
             if rank not in self.watches:
                 path = os.path.join(self.run_dir, name)
                 self.watches[rank] = HeartbeatWatch(

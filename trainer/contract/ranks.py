@@ -13,6 +13,7 @@ Schema history (ARCHITECTURE.md, "Versioning" — the same rules as the heartbea
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,20 @@ OLDEST_RANK_SCHEMA = 1
 MAX_RANK_HEARTBEAT_BYTES = 1 << 20  # a few hundred bytes; anything this big is not one
 RANK_ROLES = ("target", "drafter")
 RANK_HEARTBEAT_PREFIX = "heartbeat-rank"
+# More ranks than this in one run dir is not a job's world but a hostile dir: readers take
+# the first MAX_RANKS and leave the rest.
+MAX_RANKS = 4096
+_RANK_HEARTBEAT_NAME = re.compile(re.escape(RANK_HEARTBEAT_PREFIX) + r"(\d{1,5})\.json")
 
 
 def rank_heartbeat_name(rank: int) -> str:
     return f"{RANK_HEARTBEAT_PREFIX}{rank}.json"
+
+
+def rank_of_heartbeat_name(name: str) -> int | None:
+    """R of a `heartbeat-rank{R}.json` file name; None for any other name."""
+    m = _RANK_HEARTBEAT_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 @dataclasses.dataclass
