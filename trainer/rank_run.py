@@ -38,7 +38,7 @@ class RankRun(Run):
         job_cfg: Config,
     ) -> None:
         """`cfg`: this rank's (its one device); `job_cfg`: the job's, as config.json has it."""
-        super().__init__(cfg, rank_dir(job_dir, layout), meta, echo=layout.writer)
+        super().__init__(cfg, rank_dir(job_dir, layout), meta, echo=layout.node_lead)
         self.job_dir, self.layout, self.job, self.job_cfg = job_dir, layout, job, job_cfg
         self.state.run_id = self.heartbeat.process.run_id = job_dir.name
         self.heartbeat.also = self._write_rank_heartbeat
@@ -61,7 +61,7 @@ class RankRun(Run):
             now=beat.now,
             phase=beat.phase,
             step=pipe.rank_step if pipe is not None else beat.step,
-            writer=lay.writer,
+            writer=lay.node_lead,
             queues=beat.queues,
             error=self._own_error or beat.error,
             exit_code=beat.exit_code,
@@ -126,49 +126,27 @@ class RankRun(Run):
             config = {**self.job_cfg.to_dict(), "run": self.meta}
             atomic_write_json(self.run_dir / "config.json", config)
 
+    @property
+    def wandb_dir(self) -> Path:
+        return self.job_dir
+
+    def _resume(self, setup: Any, checkpoint: Path | None) -> Any:
+        from trainer.rank_resume import resume_from_writer
+
+        position = resume_from_writer(setup, checkpoint, self.layout, self.job)
+        if position.step or checkpoint is not None:
+            where = checkpoint if checkpoint is not None else "the writer rank's checkpoint"
+            self.log.line(f"resumed from {where} at step {position.step}")
+        return position
+
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
-        from trainer.checkpoint import TrainPosition
-        from trainer.faults import FaultPlan
         from trainer.rank_pipeline import DrafterRankPipeline, TargetRankPipeline
-        from trainer.run import restore
-        from trainer.setup import StartupLaps, build_run
-        from trainer.wandb_log import start_wandb
         from trainer.warmup import warm_up
 
         lay = self.layout
-        self.faults = faults = FaultPlan()
-        laps = StartupLaps()
-        laps.laps.append(("imports", laps.t - self.process_started))
-        self.setup = setup = build_run(
-            self.cfg,
-            warn=self.log.warn,
-            phase=self.state.set_phase,
-            progress=self.state.progress,
-            load_span=(self.state.target_load_started, self.state.target_load_ended),
-            faults=faults,
-            preflight=self._preflight,
-            on_data=self._on_data,
-            laps=laps,
-            batches_per_step=lay.drafters,
-        )
-        self.state.total_steps = setup.total_steps
-        self._report_data(setup)
-        position = TrainPosition(step=0, batches=0, tokens=0)
-        if checkpoint is not None:
-            position = restore(setup, checkpoint)
-            self.log.line(f"resumed from {checkpoint} at step {position.step}")
-        self.log.line(laps.line())
+        setup, position, wandb = self._set_up(checkpoint, batches_per_step=lay.drafters)
+        faults = self.faults
         self.log.line(f"{lay.name} of {lay.world_size}, {self.job.backend}")
-        self.state.record_step(position.step, position.tokens, 0.0)
-        self.state.last_step_at = None
-        wandb = start_wandb(
-            self.cfg.runtime.wandb_mode,
-            self.cfg.runtime.wandb_project,
-            self.job_dir,
-            self.job_dir.name,
-            self.cfg.to_dict(),
-            self.log.line,
-        )
         if lay.role == "drafter":  # a target rank's drafter is never trained
             warm_up(setup, self.state, self.heartbeat.process.code_sha256)
         setup.finish_loading()
@@ -212,6 +190,33 @@ class RankRun(Run):
             )
         self.state.set_phase(STOPPED if stopped else FINISHED)
         return EXIT_OK, wandb
+
+
+def node_run_dir(
+    args: argparse.Namespace, cfg: Config, layout: RankLayout, run_id: str, job_meta: dict[str, Any]
+) -> Path:
+    """The run dir of a host other than the writer's: the launcher's `--run-dir` (the same
+    run id on every host: `dflash-tui launch GROUP`), else `<run root>/<run id>`. Its lead
+    writes config.json (the job's, with this node's place), so the host's monitor sees a
+    processes-mode run from the first second."""
+    run_dir: Path = args.run_dir if args.run_dir is not None else args.run_root / run_id
+    where = f"--run-dir {run_dir}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot create it ({e.strerror or e})") from None
+    if layout.node_lead:
+        if (run_dir / "config.json").exists():
+            raise ConfigError(f"{where}: already holds a run (run dirs are never reused)")
+        node_meta = {
+            **job_meta,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "argv": sys.argv,
+            "node": layout.node,
+        }
+        atomic_write_json(run_dir / "config.json", {**cfg.to_dict(), "run": node_meta})
+    return run_dir
 
 
 def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) -> int:
@@ -258,17 +263,20 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     try:
         shared_dir, job_meta = job.share(make_run_dir)
         run_dir = Path(shared_dir)
+        if layout.node != 0:  # another host: its own run dir, with the job's run id
+            run_dir = node_run_dir(args, cfg, layout, run_dir.name, job_meta)
     except ConfigError as e:
-        if layout.writer:
+        if layout.writer or (layout.node_lead and layout.node != 0):
             print(f"error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if layout.writer:
+    if layout.node_lead:
         print(f"run dir: {run_dir}", flush=True)
     mine = rank_config(cfg, layout)
-    set_threads_for_cpu(mine, ranks=layout.world_size)
+    set_threads_for_cpu(mine, ranks=layout.per_node)
     # The writer's meta is the job's (config.json's "run"); the others' only their own.
     meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}
-    checkpoint = Path(meta["checkpoint"]) if meta.get("checkpoint") else None
+    # Only the writer reads a checkpoint; the others are sent it (trainer/rank_resume.py).
+    checkpoint = Path(meta["checkpoint"]) if layout.writer and meta.get("checkpoint") else None
     run = RankRun(mine, run_dir, meta, layout, job, cfg)
     watch_launcher(run._on_stop)  # no orphan rank: trainer/launcher_watch.py
     code = run.execute(checkpoint)

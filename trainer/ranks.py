@@ -16,7 +16,11 @@ n*(t+d) .. n*(t+d)+t+d-1 (torchrun's RANK = node rank * local world + local rank
 local ranks 0..t-1 run targets n*t .. n*t+t-1 and local ranks t..t+d-1 replicas n*d ..
 n*d+d-1, each on the node's own list entry. Batch g still goes target g % T -> replica
 g % D, and the writer is still replica 0 (global rank t, on node 0). With N = 1 this is
-the single-node mapping above, unchanged.
+the single-node mapping above, unchanged. Each host keeps a run dir of its own with the job's
+run id (no shared filesystem needed): node 0's is the job's; on node n the node's lead (its
+first replica, local rank t) writes config.json, train.log and heartbeat.json there, and each
+of its ranks its heartbeat-rank{R}.json. Only node 0 holds checkpoints; a resume is sent
+from the writer to every rank (trainer/rank_resume.py).
 
 Nothing here imports torch at module level: the refusal of a wrong world size comes before
 torch is imported and before any rendezvous, so it never waits for a peer.
@@ -83,6 +87,12 @@ class RankLayout:
     @property
     def writer(self) -> bool:
         return self.rank == self.writer_rank
+
+    @property
+    def node_lead(self) -> bool:
+        """The first replica on its node: its train.log and heartbeat are its host's run
+        dir's own (on node 0 that is the writer, whose run dir is the job's)."""
+        return self.rank % self.per_node == self._t
 
     def target_rank(self, t: int) -> int:
         return (t // self._t) * self.per_node + t % self._t
@@ -221,8 +231,9 @@ class Job:
 
 
 def rank_dir(run_dir: Path, layout: RankLayout) -> Path:
-    """Where this rank keeps its own train.log and heartbeat: the run dir for the writer."""
-    if layout.writer:
+    """Where this rank keeps its own train.log and heartbeat: its host's run dir for the
+    node's lead (the writer on node 0), ranks/rank-R/ under it for every other rank."""
+    if layout.node_lead:
         return run_dir
     own = run_dir / RANKS_DIR / f"rank-{layout.rank}"
     own.mkdir(parents=True, exist_ok=True)

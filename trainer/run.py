@@ -64,7 +64,11 @@ BAD_INPUT = (ConfigError, DataError, ValueError, FileNotFoundError, PermissionEr
 
 
 def restore(run: Any, checkpoint: Path) -> TrainPosition:
-    data = load_checkpoint(checkpoint)
+    return restore_state(run, load_checkpoint(checkpoint), checkpoint)
+
+
+def restore_state(run: Any, data: dict[str, Any], checkpoint: Path | str) -> TrainPosition:
+    """A checkpoint's contents (`load_checkpoint`'s dict) into the drafter and optimizer."""
     primary = run.replicas.primary
     result = primary.load_state_dict(data["model"], strict=False)
     if result.unexpected_keys:
@@ -290,17 +294,15 @@ class Run:
         self.state.compile.last_recompile = summary
         self.log.line(f"recompile: {summary}")
 
-    def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
-        from trainer.pipeline import Pipeline
+    def _set_up(
+        self, checkpoint: Path | None, batches_per_step: int | None = None
+    ) -> tuple[RunSetup, TrainPosition, Any]:
+        """What both modes do before their warm-up: the fault plan, everything `build_run`
+        makes, the data and start-up lines, the resumed position, wandb. Returns the setup,
+        the position to start from and the wandb handle. `batches_per_step`: processes
+        mode's job-wide drafter count (a rank holds one replica)."""
         from trainer.setup import StartupLaps, build_run
         from trainer.wandb_log import start_wandb
-        from trainer.warmup import (
-            compile_breakdown,
-            compile_cache_counts,
-            graphs_compiled,
-            warm_up,
-            watch_recompiles,
-        )
 
         self.faults = faults = FaultPlan()  # a bad DFLASH_FAULT: bad input, before any loading
         if faults.log_buffer_bytes:
@@ -317,6 +319,8 @@ class Run:
             preflight=self._preflight,
             on_data=self._on_data,
             laps=laps,
+            batches_per_step=batches_per_step,
+            **self._build_options(),
         )
         self.state.total_steps = setup.total_steps
         self._report_data(setup)
@@ -326,11 +330,9 @@ class Run:
             self.log.line(
                 f"held out {len(setup.held_out)} samples (by id) for evaluation: never trained on"
             )
-        position = TrainPosition(step=0, batches=0, tokens=0)
-        if checkpoint is not None:
-            position = restore(setup, checkpoint)
+        position = self._resume(setup, checkpoint)
+        if checkpoint is not None or position.step:  # (a rank resumed by its writer: none)
             laps("checkpoint")
-            self.log.line(f"resumed from {checkpoint} at step {position.step}")
         self.log.line(laps.line())
         self.state.record_step(position.step, position.tokens, 0.0)
         self.state.last_step_at = None
@@ -338,14 +340,42 @@ class Run:
         wandb = start_wandb(
             self.cfg.runtime.wandb_mode,
             self.cfg.runtime.wandb_project,
-            self.run_dir,
-            self.run_dir.name,
+            self.wandb_dir,
+            self.wandb_dir.name,
             self.cfg.to_dict(),
             self.log.line,
         )
         self.state.wandb = WandbInfo(**wandb.info)
         self._update_config_json(wandb=wandb.info)
+        return setup, position, wandb
 
+    @property
+    def wandb_dir(self) -> Path:
+        return self.run_dir
+
+    def _build_options(self) -> dict[str, Any]:
+        """More `build_run` keywords (processes mode: what a rank's role needs built)."""
+        return {}
+
+    def _resume(self, setup: RunSetup, checkpoint: Path | None) -> TrainPosition:
+        if checkpoint is None:
+            return TrainPosition(step=0, batches=0, tokens=0)
+        position = restore(setup, checkpoint)
+        self.log.line(f"resumed from {checkpoint} at step {position.step}")
+        return position
+
+    def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
+        from trainer.pipeline import Pipeline
+        from trainer.warmup import (
+            compile_breakdown,
+            compile_cache_counts,
+            graphs_compiled,
+            warm_up,
+            watch_recompiles,
+        )
+
+        setup, position, wandb = self._set_up(checkpoint)
+        faults = self.faults
         comp = self.state.compile
         comp.cache_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
         cache_root = compile_cache_dir(self.cfg)

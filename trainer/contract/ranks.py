@@ -56,7 +56,10 @@ class RankHeartbeat:
     now: float  # unix time this file was written
     phase: str
     step: int = 0  # optimizer steps done (a target rank: the step of its last batch sent)
-    writer: bool = False  # this rank writes the job's train.log, metrics, heartbeat.json
+    # This rank's train.log and heartbeat are the run dir's own: the job's writer (train.log,
+    # metrics, heartbeat.json, checkpoints) on node 0; on another host, that node's lead
+    # (its run dir's train.log and heartbeat.json). Every other rank's are ranks/rank-R/.
+    writer: bool = False
     queues: Queues = dataclasses.field(default_factory=Queues)
     error: ErrorInfo | None = None
     exit_code: int | None = None
