@@ -48,9 +48,11 @@ def write_config(tmp_path: Path, sshd, master: str) -> tuple[dict[str, str], dic
     return {"XDG_CONFIG_HOME": str(home), "HOME": str(tmp_path)}, roots
 
 
-def said(stdout: str, host: str, node: int) -> str:
+def said(stdout: str, host: str, node: int, after: int = 0) -> str:
+    """The host's line (`after`: its later ones) without its `pair: HOST node N ` head."""
     head = f"pair: {host} node {node} "
-    return next((ln[len(head) :] for ln in stdout.splitlines() if ln.startswith(head)), "")
+    lines = [ln[len(head) :] for ln in stdout.splitlines() if ln.startswith(head)]
+    return lines[after] if len(lines) > after else ""
 
 
 def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
@@ -74,7 +76,7 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
                 "run_id": run_id, "nodes": 2, "node_rank": node, "master": place["master"]
             }  # fmt: skip
         wait_for_step(dirs[0], timeout=180)
-        assert "processes mode: 4 ranks under torchrun" in (dirs[0] / "train.log").read_text()
+        assert "processes mode: 2 ranks under torchrun" in (dirs[0] / "train.log").read_text()
         assert job_pids(dirs[0]) and job_pids(dirs[1])  # a torchrun and its ranks per host
 
         st = cli("status", "pair", "--json", env=env)
@@ -115,7 +117,8 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
         assert launch_b["resumed_from"] is None and "--resume" not in launch_b["argv"]
         wait_for_step(restarted[0], timeout=180)
         log = (restarted[0] / "train.log").read_text()
-        assert f"resumed from checkpoints/step-{step:08d}.pt at step {step}" in log, log[-3000:]
+        resumed = f"resumed from {dirs[0]}/checkpoints/step-{step:08d}.pt at step {step}"
+        assert resumed in log, log[-3000:]
         deadline = time.monotonic() + 120
         while max(map(int, STEP.findall((restarted[0] / "train.log").read_text()))) <= step:
             assert time.monotonic() < deadline, (restarted[0] / "train.log").read_text()[-3000:]
@@ -123,3 +126,22 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
     finally:
         k = cli("kill", "pair", "--timeout", "60", env=env, timeout=240)
     assert all(job_pids(d) == [] for d in [*dirs, *restarted]), k.stdout + k.stderr
+
+
+def test_a_launch_that_fails_on_one_host_stops_the_nodes_launched(sshd, tmp_path):
+    """gpu-b has nothing deployed: its launch is refused; node 0, launched on gpu-a and
+    waiting at the rendezvous for a peer that never comes, is stopped, and both are said."""
+    env, roots = write_config(tmp_path, sshd, f"127.0.0.1:{free_port()}")
+    assert cli("deploy", "gpu-a", env=env).returncode == 0
+    r = cli("launch", "pair", "--config", str(TINY), *JOB, env=env, timeout=240)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "pair: gpu-b node 1: nothing deployed in " in r.stderr, r.stderr
+    run_id = said(r.stdout, "gpu-a", 0).split()[1]
+    assert said(r.stdout, "gpu-a", 0).startswith(f"launched {run_id} "), r.stdout
+    assert said(r.stdout, "gpu-a", 0, after=1).startswith(f"stopped {run_id}: "), r.stdout
+    assert f"pair: launch of {run_id} failed on gpu-b; stopped the nodes launched on gpu-a" in (
+        r.stderr
+    )
+    assert job_pids(roots["gpu-a"] / run_id) == []
+    assert not (roots["gpu-b"] / run_id).exists()
