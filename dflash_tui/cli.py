@@ -80,6 +80,8 @@ _DEFAULTS: dict[str, Any] = {
     "notify": None,
     "theme": None,
 }
+# What a TARGET that names a config.toml group does over all its hosts (dflash_tui/groups.py).
+GROUP_COMMANDS = ("launch", "kill", "restart", "status", "dump-stacks")
 ONE_SHOT_CONNECT_S = 1.5  # a one-shot answer about a silent host, start-up included: < 3 s
 
 
@@ -93,14 +95,20 @@ def _positive(text: str) -> float:
     return value
 
 
-def _target(p: argparse.ArgumentParser) -> None:
+def _target(p: argparse.ArgumentParser, group: bool = False) -> None:
     p.add_argument(
         "target",
         nargs="?",
         default=None,
-        metavar="TARGET",
+        metavar="TARGET" + ("|GROUP" if group else ""),
         help="local (default), ssh://[user@]host[:port], an ssh alias, or a "
-        "name from ~/.config/dflash-tui/config.toml",
+        "name from ~/.config/dflash-tui/config.toml"
+        + (
+            "; or a [groups.NAME] of it: the whole job over its hosts, each through its own "
+            "connection, node 0 = the first host (README: The monitor)"
+            if group
+            else ""
+        ),
     )
 
 
@@ -210,7 +218,7 @@ def build_command_parser(name: str) -> argparse.ArgumentParser:
         )
         _where(p)
     else:
-        _target(p)
+        _target(p, group=name in GROUP_COMMANDS)
         _where(p)
     if name in ("status", "runs", "compare"):
         p.add_argument("--json", action="store_true", help="JSON instead of text")
@@ -287,7 +295,13 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     """The target, its ssh config checked up front: a config that would turn host-key
     checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
     from dflash_tui.link.hostkeys import host_key_policy
+    from dflash_tui.targets import group_names
 
+    if text and text in group_names():
+        raise TargetError(
+            f"{text} is a group of hosts: {', '.join(GROUP_COMMANDS)} act on it; "
+            "watch one of its hosts by its own name"
+        )
     target = resolve_target(
         text,
         run_root=args.run_root,
@@ -326,10 +340,15 @@ def _connect_timeout(args: argparse.Namespace) -> float:
 
 
 async def _with_link(
-    target: Target, work: Work, follow: str | None = None, connect_timeout: float | None = None
+    target: Target,
+    work: Work,
+    follow: str | None = None,
+    connect_timeout: float | None = None,
+    err: Callable[[str], None] = _err,
 ) -> int:
     """One command over a fresh link: a host it cannot reach is the answer (exit 3), at
-    once, not retried (link.py `one_shot`)."""
+    once, not retried (link.py `one_shot`). `err` says what went wrong (a group's host
+    prefixes its name)."""
     from dflash_tui.link.link import BadInput, Link, LinkError
     from dflash_tui.state import Store
 
@@ -340,13 +359,13 @@ async def _with_link(
         await link.wait_connected(30)
         return await work(link, store)
     except BadInput as e:  # what the command named is not there: bad input, as elsewhere
-        _err(str(e))
+        err(str(e))
         return 2
     except LinkError as e:
         if link.state != "connected":
-            _err(f"cannot reach {target.name}: {e}")
+            err(f"cannot reach {target.name}: {e}")
             return 3
-        _err(str(e))
+        err(str(e))
         return 1
     finally:
         await link.close()
@@ -656,10 +675,10 @@ def _slip(word: str) -> str | None:
     (dflash_tui/cli_slips.py); a config.toml that cannot be read names none here (the
     target's own resolution says what is wrong with it)."""
     from dflash_tui.cli_slips import slip_for
-    from dflash_tui.targets import load_user_targets
+    from dflash_tui.targets import group_names, load_user_targets
 
     try:
-        configured = list(load_user_targets())
+        configured = list(load_user_targets()) + group_names()
     except TargetError:
         configured = []
     return slip_for(word, SUBCOMMANDS, configured)
@@ -722,6 +741,12 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
             if name == "replay":
                 return _replay(args)
+            if name in GROUP_COMMANDS and not getattr(args, "run_dir", None):
+                from dflash_tui import groups
+
+                group = groups.group_named(args.target)
+                if group is not None:
+                    return asyncio.run(groups.run(name, group, args))
             target = target_from(args, args.target)
             if name == "status":
                 args.once = True

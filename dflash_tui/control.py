@@ -28,6 +28,7 @@ from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
 from trainer.contract.checkpoints import ResumePoint
 from trainer.contract.codehash import code_hash
+from trainer.contract.nodes import NodePlace
 from trainer.contract.outcomes import CRASH, FINISHED, KILLED, STOPPED_EARLY, Outcome
 from trainer.contract.protocol import (
     ARTIFACT_CHUNK,
@@ -241,11 +242,14 @@ class Killed:
     orphans: list[int] = dataclasses.field(default_factory=list)
     exit: ExitRecord | None = None
     outcome: Outcome | None = None  # how the run ended, read once it had (the agent's)
+    not_running: str = ""  # Kill.ended_ok: it had ended already, nothing signalled (why)
 
     def describe(self) -> str:
         """How the kill ended the run, in the outcome's words, and what a restart continues:
         `stopped at step 105 (SIGTERM), checkpoint checkpoints/step-00000105.pt — resumable
         with restart`, `killed (SIGKILL) at step 57 … — restart starts at step 0`."""
+        if self.not_running:
+            return self.not_running
         o = self.outcome
         sent = self.signal or "SIGTERM"
         if o is None:  # not read (the process did not end?)
@@ -348,10 +352,13 @@ def _answer(cls: type[A], cmd: Command, data: dict[str, Any]) -> A:
 
 # -- commands ------------------------------------------------------------------------------
 def kill_command(
-    run_id: str | None = None, timeout_s: float | None = None, drain_timeout_s: float | None = None
+    run_id: str | None = None,
+    timeout_s: float | None = None,
+    drain_timeout_s: float | None = None,
+    ended_ok: bool = False,
 ) -> Kill:
     """None: the contract's default (trainer/contract/protocol.py)."""
-    cmd = Kill(run_id=run_id)
+    cmd = Kill(run_id=run_id, ended_ok=ended_ok)
     if timeout_s is not None:
         cmd.timeout_s = timeout_s
     if drain_timeout_s is not None:
@@ -364,6 +371,7 @@ def restart_command(
     timeout_s: float | None = None,
     drain_timeout_s: float | None = None,
     fresh: bool = False,
+    node: NodePlace | None = None,
 ) -> Restart:
     kill = kill_command(run_id, timeout_s, drain_timeout_s)
     return Restart(
@@ -371,14 +379,32 @@ def restart_command(
         timeout_s=kill.timeout_s,
         drain_timeout_s=kill.drain_timeout_s,
         fresh=fresh,
+        node=node,
     )
 
 
 async def launch(
-    link: Requester, config: Path, overrides: list[str], on_progress: Progress | None = None
+    link: Requester,
+    config: Path,
+    overrides: list[str],
+    on_progress: Progress | None = None,
+    node: NodePlace | None = None,
 ) -> Launched:
+    """`node`: one host of a job over several (its run id and place, nodes.py)."""
     text, name = read_config(config)
-    cmd = Launch(config_toml=text, overrides=check_overrides(overrides), name=name)
+    return await launch_text(link, text, name, overrides, on_progress, node)
+
+
+async def launch_text(
+    link: Requester,
+    text: str,
+    name: str,
+    overrides: list[str],
+    on_progress: Progress | None = None,
+    node: NodePlace | None = None,
+) -> Launched:
+    """`launch` of a config already read (a group reads it once for all its hosts)."""
+    cmd = Launch(config_toml=text, overrides=check_overrides(overrides), name=name, node=node)
     return _answer(Launched, cmd, await link.request(cmd, on_progress=on_progress))
 
 
@@ -388,10 +414,12 @@ async def kill(
     timeout_s: float | None = None,
     drain_timeout_s: float | None = None,
     on_progress: Progress | None = None,
+    ended_ok: bool = False,
 ) -> Killed:
     """SIGTERM the run's process group (the alive run unless `run_id`), SIGKILL after
-    `timeout_s`, then wait up to `drain_timeout_s` for its GPU memory."""
-    cmd = kill_command(run_id, timeout_s, drain_timeout_s)
+    `timeout_s`, then wait up to `drain_timeout_s` for its GPU memory. `ended_ok`: a named
+    run that has ended already is the answer (`Killed.not_running`), not an error."""
+    cmd = kill_command(run_id, timeout_s, drain_timeout_s, ended_ok)
     return _answer(Killed, cmd, await link.request(cmd, on_progress=on_progress))
 
 
@@ -402,11 +430,12 @@ async def restart(
     drain_timeout_s: float | None = None,
     on_progress: Progress | None = None,
     fresh: bool = False,
+    node: NodePlace | None = None,
 ) -> Restarted:
     """Kill (when alive), wait for GPU memory, launch the same config and overrides in a new
     run dir, continuing the run's newest good checkpoint (`fresh`: from step 0); the new
     run's first heartbeat is waited for too."""
-    cmd = restart_command(run_id, timeout_s, drain_timeout_s, fresh)
+    cmd = restart_command(run_id, timeout_s, drain_timeout_s, fresh, node)
     return _answer(Restarted, cmd, await link.request(cmd, on_progress=on_progress))
 
 

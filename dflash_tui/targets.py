@@ -13,6 +13,13 @@ other word). `~/.config/dflash-tui/config.toml` can name targets with every opti
     known_hosts = "~/.ssh/known_hosts"
 
 so that `dflash-tui gpu-box` is enough. Options given on the command line win.
+
+A group names the hosts of one processes-mode job over several hosts (`dflash-tui launch
+GROUP`, dflash_tui/groups.py), each a named target:
+
+    [groups.pair]
+    hosts = ["gpu-a", "gpu-b"]      # the first is node 0: the writer's host, the job's files
+    master = "10.0.0.5:29500"       # node 0's address as the other hosts reach it, a free port
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from trainer.contract.nodes import MAX_NODES, master_invalid
 
 _ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 _CTID = re.compile(r"^\d+$")
@@ -113,18 +122,83 @@ def user_config_path() -> Path:
     return Path(base) / "dflash-tui" / "config.toml"
 
 
-def load_user_targets(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    path = path or user_config_path()
+def _user_config(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except tomllib.TOMLDecodeError as e:
         raise TargetError(f"{path}: {e}") from None
+
+
+def load_user_targets(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    path = path or user_config_path()
+    data = _user_config(path)
     targets = data.get("targets", {})
     if not isinstance(targets, dict):
         raise TargetError(f"{path}: [targets] must be a table of named targets")
     return targets
+
+
+def group_names(path: Path | None = None) -> list[str]:
+    """The names under [groups] as written, unchecked (a slip or a group where a target is
+    expected is named before anything else is read of them)."""
+    raw = _user_config(path or user_config_path()).get("groups", {})
+    return list(raw) if isinstance(raw, dict) else []
+
+
+@dataclass(frozen=True)
+class Group:
+    """`[groups.NAME]`: one job's hosts, node 0 first, and node 0's rendezvous address."""
+
+    name: str
+    hosts: tuple[str, ...]  # names of [targets.*]
+    master: str  # host:port, as the other hosts reach node 0
+
+
+_GROUP_KEYS = {"hosts", "master"}
+
+
+def load_groups(path: Path | None = None) -> dict[str, Group]:
+    """The config's groups, each checked: a bad one is one TargetError line naming its key."""
+    path = path or user_config_path()
+    data = _user_config(path)
+    raw = data.get("groups", {})
+    if not isinstance(raw, dict):
+        raise TargetError(f"{path}: [groups] must be a table of named groups")
+    targets = data.get("targets", {})
+    targets = targets if isinstance(targets, dict) else {}
+    return {name: _group(path, name, keys, targets) for name, keys in raw.items()}
+
+
+def _group(path: Path, name: str, keys: Any, targets: dict[str, Any]) -> Group:
+    where = f"{path}: groups.{name}"
+    if not isinstance(keys, dict):
+        raise TargetError(f'{where}: must be a table (hosts = [...], master = "host:port")')
+    if name in targets:
+        raise TargetError(f"{where}: {name!r} names a target too: rename one")
+    unknown = set(keys) - _GROUP_KEYS
+    if unknown:
+        raise TargetError(f"{where}: unknown keys {sorted(unknown)}")
+    hosts = keys.get("hosts")
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise TargetError(f"{where}.hosts: a list of target names, node 0 first")
+    if not 2 <= len(hosts) <= MAX_NODES:
+        raise TargetError(f"{where}.hosts: {len(hosts)} host(s): a group has 2 or more")
+    for h in hosts:
+        if h not in targets:
+            raise TargetError(f"{where}.hosts: {h!r} is no [targets.{h}] in this file")
+        if hosts.count(h) > 1:
+            raise TargetError(f"{where}.hosts: {h!r} is named twice")
+    master = keys.get("master")
+    if not isinstance(master, str):
+        raise TargetError(
+            f'{where}.master: "host:port" of node 0 ({hosts[0]}), as the others reach it'
+        )
+    why = master_invalid(master)
+    if why is not None:
+        raise TargetError(f"{where}.master: {why}")
+    return Group(name, tuple(hosts), master)
 
 
 _KEYS = {

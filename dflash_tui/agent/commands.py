@@ -31,6 +31,7 @@ from dflash_tui.agent.rank_stacks import (
     rank_places,
 )
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+from trainer.contract.nodes import NodePlace
 from trainer.contract.protocol import (
     ClearCompileCache,
     Command,
@@ -130,11 +131,18 @@ def target_run(agent: Agent, run_id: str | None, need_alive: bool = True) -> str
     return run_id
 
 
+def _check_node(node: NodePlace | None) -> None:
+    why = None if node is None else node.invalid()
+    if why is not None:
+        raise CommandError(why, bad_input=True)
+
+
 def launch_run(agent: Agent, cmd: Launch) -> dict[str, Any]:
     if not cmd.config_toml.strip():
         raise CommandError("launch needs the config file's text")
     if any("\n" in o for o in cmd.overrides):
         raise CommandError("overrides must be single-line key=value strings")
+    _check_node(cmd.node)
     return launch(
         agent.runs,
         agent.remote_dir,
@@ -144,20 +152,32 @@ def launch_run(agent: Agent, cmd: Launch) -> dict[str, Any]:
         cmd.name or "run",
         cmd.start_timeout_s,
         _progress(agent, cmd),
+        node=cmd.node,
     )
 
 
 def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
-    run_id = target_run(agent, cmd.run_id)
-    return kill(
-        agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, _progress(agent, cmd)
-    )
+    run_id = target_run(agent, cmd.run_id, need_alive=not (cmd.ended_ok and cmd.run_id))
+    try:
+        return kill(
+            agent.runs,
+            agent.gpus,
+            run_id,
+            cmd.timeout_s,
+            cmd.drain_timeout_s,
+            _progress(agent, cmd),
+        )
+    except NotRunning as e:
+        if not cmd.ended_ok:
+            raise
+        return {"run_id": run_id, "not_running": str(e)}  # nothing signalled: it had ended
 
 
 def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
     """Kill the run (when alive and proven), then launch its config and overrides again in a
     new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
     one), or from step 0 when `fresh` or when it has none (the answer says which and why)."""
+    _check_node(cmd.node)
     run_id = target_run(agent, cmd.run_id, need_alive=False)
     run_dir = agent.runs.checked_dir(run_id)
     record = read_launch(run_dir)
@@ -175,7 +195,10 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
         progress(f"{e}; launching it again")
     else:
         killed = kill(agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, progress)
-    resume = None if cmd.fresh else agent.runs.resume_point(run_id)
+    # Another node than 0 of a job starts fresh from the run's config: node 0 resumes, and
+    # its ranks hand the position and the drafter to the others over torch.distributed.
+    joins = cmd.node is not None and cmd.node.node_rank != 0
+    resume = None if cmd.fresh or joins else agent.runs.resume_point(run_id)
     if resume is not None:
         progress(resume.describe())
     started = launch(
@@ -188,6 +211,7 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
         cmd.start_timeout_s,
         progress,
         resume=resume,
+        node=cmd.node,
     )
     return {"killed": killed, "launched": started, "resume": resume, "fresh": cmd.fresh}
 

@@ -21,6 +21,7 @@ from dflash_tui.agent.files import tail_or_empty
 from dflash_tui.agent.runs import RunRoot, take_lock
 from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
 from trainer.contract.checkpoints import ResumePoint
+from trainer.contract.nodes import MASTER_ENV, NODE_RANK_ENV, NODES_ENV, NodePlace
 from trainer.contract.records import (
     HEARTBEAT,
     LAUNCH_CONFIG,
@@ -53,9 +54,12 @@ def launch(
     start_timeout_s: float,
     progress: Callable[[str], None],
     resume: ResumePoint | None = None,
+    node: NodePlace | None = None,
 ) -> dict[str, Any]:
     """`resume`: continue that run's checkpoint (`--resume` its run dir: the trainer applies
-    the same rule to the same files, and continues the step counter, LR and data order)."""
+    the same rule to the same files, and continues the step counter, LR and data order).
+    `node`: one host of a job over several: the run dir is `node.run_id` (refused if it is
+    there), and the trainer's environment names its place (trainer/rank_nodes.py)."""
     if resume is not None and resume.name is None:
         resume = None  # no good checkpoint: a fresh start
     release = release_dir(remote_dir)
@@ -65,7 +69,10 @@ def launch(
         if not take_lock(lock_fd, tries=25):
             alive = runs.active_run() or "?"
             raise CommandError(f"run {alive} is alive under {runs.path}: kill it first")
-        run_id, run_dir = runs.new_run_dir(name)
+        if node is None:
+            run_id, run_dir = runs.new_run_dir(name)
+        else:
+            run_id, run_dir = node.run_id, runs.named_run_dir(node.run_id)
         config_path = os.path.join(run_dir, LAUNCH_CONFIG)
         with open(config_path, "w") as f:
             f.write(config_toml)
@@ -90,6 +97,7 @@ def launch(
                 agent_pid=os.getpid(),
                 resumed_from=resume.run_id if resume else None,
                 checkpoint=resume.name if resume else None,
+                node=node,
             ),
         )
         wrapper = [
@@ -111,6 +119,12 @@ def launch(
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
         )
         env["PYTHONUNBUFFERED"] = "1"
+        # A node's place comes from the command alone: one inherited from the agent's own
+        # environment would make a one-host run wait for peers that never come.
+        for key in (NODES_ENV, NODE_RANK_ENV, MASTER_ENV):
+            env.pop(key, None)
+        if node is not None:
+            env.update(node.environment())
         # Compile-cache artifacts deploy shipped: a fresh host's first run starts warm.
         env.setdefault(ARTIFACTS_ENV, os.path.join(remote_dir, SHIPPED_DIR))
         with open(os.path.join(run_dir, LAUNCH_LOG), "ab") as log:

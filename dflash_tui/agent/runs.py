@@ -16,7 +16,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import socket
 import stat
 import time
@@ -30,6 +29,7 @@ from trainer.contract.checkpoints import CheckpointUse, ResumePoint, Skipped, pt
 from trainer.contract.comparable import signature_of
 from trainer.contract.environment import read_environment, read_preflight
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
+from trainer.contract.nodes import new_run_id
 from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
 from trainer.contract.protocol import RunEval, RunInfo
@@ -503,10 +503,9 @@ class RunRoot:
         return s.best, s.last, s.steps
 
     def new_run_dir(self, name: str) -> tuple[str, str]:
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or "run").strip("-.")[:40] or "run"
         os.makedirs(self.path, exist_ok=True)
         for _ in range(100):
-            run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{secrets.token_hex(2)}"
+            run_id = new_run_id(name)  # the contract's rule: a group's monitor names it too
             d = os.path.join(self.path, run_id)
             try:
                 os.mkdir(d)
@@ -514,3 +513,15 @@ class RunRoot:
                 continue
             return run_id, d
         raise RuntimeError(f"could not create a fresh run dir under {self.path}")
+
+    def named_run_dir(self, run_id: str) -> str:
+        """A fresh run dir of this exact id (one host's part of a job over several hosts:
+        the monitor chose the id for all of them); refused if it is there already, never
+        reused: its files would mix two launches."""
+        d = self.run_dir(run_id)  # the id checked: one plain name
+        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            raise CommandError(f"run dir {d} exists already: not reused") from None
+        return d

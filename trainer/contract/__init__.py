@@ -17,5 +17,6 @@ describes the files and their versioning; each module here owns one part:
   evaluation held-out τ during training: the heartbeat's `eval`, a metrics row's
   telemetry  telemetry.jsonl, the bounded heartbeat history
   protocol   the agent's events and commands, with their client timeouts
+  nodes      one host's place in a job over several hosts; the one run-id naming rule
   codehash   the trainer's code hash
 """

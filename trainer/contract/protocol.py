@@ -23,13 +23,15 @@ from trainer.contract.checkpoints import CheckpointUse, ResumePoint
 from trainer.contract.comparable import RunSignature
 from trainer.contract.environment import Environment, Preflight
 from trainer.contract.evaluation import EvalInfo, EvalPoint
+from trainer.contract.nodes import NodePlace
 from trainer.contract.outcomes import Outcome
 from trainer.contract.records import ExitRecord
 from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
 T = TypeVar("T")
-# 2: the first versioned protocol; 3: `rank_heartbeat` (a processes-mode job's ranks).
-PROTOCOL_VERSION = 3
+# 2: the first versioned protocol; 3: `rank_heartbeat` (a processes-mode job's ranks);
+# 4: `Launch.node`/`Restart.node` (one host of a job over several: nodes.py), `Kill.ended_ok`.
+PROTOCOL_VERSION = 4
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
 MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
@@ -589,6 +591,9 @@ class Launch(Command):
     overrides: list[str] = dataclasses.field(default_factory=list)
     name: str = "run"
     start_timeout_s: float = 30.0
+    # One host of a job over several: this run id exactly (refused if its dir exists) and the
+    # node's place, put in the trainer's environment. None: a run of this host alone.
+    node: NodePlace | None = None
 
     def client_timeout(self) -> float:
         return self.start_timeout_s + 90.0
@@ -599,6 +604,9 @@ class Kill(Command):
     run_id: str | None = None  # None: the alive run
     timeout_s: float = 60.0  # SIGTERM -> SIGKILL
     drain_timeout_s: float = 120.0  # waiting for GPU memory to be released
+    # A named run that has already ended is an answer (`Killed.not_running` says how it
+    # ended), not an error: one host's part of a job may end before its kill arrives.
+    ended_ok: bool = False
 
     def client_timeout(self) -> float:
         return self.timeout_s + self.drain_timeout_s + 30.0
@@ -610,6 +618,10 @@ class Restart(Kill):
     # False: continue from the run's newest good checkpoint (trainer/contract/checkpoints.py)
     # in a new run dir; True: the same config from step 0.
     fresh: bool = False
+    # One host of a job over several: the new run's id and place (Launch.node). Node 0
+    # resumes as above; another node launches the run's config fresh (no --resume): it gets
+    # the position and the drafter from node 0 over torch.distributed.
+    node: NodePlace | None = None
 
     def client_timeout(self) -> float:
         # A restart also waits for the new run's first heartbeat.

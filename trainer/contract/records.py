@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from trainer.contract.evaluation import EvalResult
 from trainer.contract.heartbeat import DeviceMemory
+from trainer.contract.nodes import NodePlace
 from trainer.contract.steplines import StepLine, step_line
 from trainer.contract.typed import Invalid, Unreadable, decode, encode, parse_json, read_bounded
 
@@ -62,6 +63,9 @@ class LaunchRecord:
     # dir) it starts from; None for a fresh start.
     resumed_from: str | None = None
     checkpoint: str | None = None
+    # One node of a job over several hosts (`dflash-tui launch GROUP`): its place, as put in
+    # the trainer's environment; None for a run of one host (and from older agents).
+    node: NodePlace | None = None
 
 
 @dataclasses.dataclass
