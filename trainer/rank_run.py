@@ -152,6 +152,14 @@ class RankRun(Run):
         setup, position, wandb = self._set_up(checkpoint, batches_per_step=lay.drafters)
         faults = self.faults
         self.log.line(f"{lay.name} of {lay.world_size}, {self.job.backend}")
+        asked = self.job_cfg.eval
+        if lay.writer and (asked.every or asked.final):
+            # rank_config turned it off: no rank holds both the drafter and the whole target.
+            self.log.line(
+                f"eval: held-out tau is not measured in processes mode (eval.every = "
+                f"{asked.every}, eval.final = {str(asked.final).lower()} not used); measure "
+                f"a checkpoint with: python -m trainer eval {self.job_dir}"
+            )
         if lay.role == "drafter":  # a target rank's drafter is never trained
             warm_up(setup, self.state, self.heartbeat.process.code_sha256)
         setup.finish_loading()

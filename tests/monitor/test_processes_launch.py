@@ -42,7 +42,11 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
     where = ["local", "--remote-dir", str(remote)]
     mode = ["--set", "runtime.mode=processes", "--set", NO_WANDB]
     assert cli("deploy", *where).returncode == 0
-    r = cli("launch", *where, "--config", str(TINY), *mode, "--set", "train.max_steps=100000")
+    # An eval asked for is said to be off in processes mode, not dropped silently.
+    evals = ("--set", "data.held_out=8", "--set", "eval.every=50")
+    r = cli(
+        "launch", *where, "--config", str(TINY), *mode, *evals, "--set", "train.max_steps=100000"
+    )
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.split()[1]
     run_dir = remote / "runs" / run_id
@@ -50,7 +54,9 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
     try:
         wait_for_step(run_dir)
         launch = json.loads((run_dir / "launch.json").read_text())
-        assert "processes mode: 4 ranks under torchrun" in (run_dir / "train.log").read_text()
+        log = (run_dir / "train.log").read_text()
+        assert "processes mode: 4 ranks under torchrun" in log
+        assert "eval: held-out tau is not measured in processes mode (eval.every = 50" in log
         assert sorted(p.name for p in run_dir.glob("heartbeat-rank*.json")) == [
             f"heartbeat-rank{r}.json" for r in range(4)
         ]
