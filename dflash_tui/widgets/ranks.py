@@ -21,6 +21,7 @@ from dflash_tui.state import Store
 from dflash_tui.widgets import quiet, safe
 
 HOST_MAX = 16  # a longer host name is cut (the host chooses it)
+REASON_MAX = 48  # why a rank's file is unreadable (it quotes the file): cut to this
 COLUMNS = ("rank", "role", "host", "device", "phase", "step", "lag", "tok/s", "compute", "comm")
 MARK_STYLE = {"failed": "bold red", "silent": "bold red", "straggler": "bold yellow"}
 
@@ -51,9 +52,10 @@ class RanksPane(Static):
         behind = ranks_view.lags(s.ranks)
         for rank, seen in sorted(s.ranks.items()):
             b = seen.beat
-            if b is None:
-                why = safe.text(f"unreadable: {seen.error}", "red")
-                t.add_row(Text(str(rank)), why, *[Text("")] * (len(COLUMNS) - 1))
+            if b is None:  # its reason in the last column, cut: no cell may widen the rest
+                empty = [Text("")] * (len(COLUMNS) - 2)
+                why = _cut(seen.error or "", REASON_MAX, "red")
+                t.add_row(Text(str(rank)), Text("unreadable", style="red"), *empty, why)
                 continue
             sp = rank_balance.split(b)
             mark = marks.get(rank, "")

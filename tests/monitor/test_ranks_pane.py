@@ -102,3 +102,20 @@ def test_a_hostile_host_name_is_shown_as_text() -> None:
     _, text = asyncio.run(shown("slow-drafter", (160, 48), hostile))
     row = next(ln for ln in text.splitlines() if ln.strip().startswith("3 "))
     assert "\\x1b[31mevil" in row and "\x1b" not in text, row
+
+
+def test_an_unreadable_rank_keeps_the_other_rows_whole() -> None:
+    """Edit: rank 1's `stages_ms` given a 300-character stage name whose time is a string:
+    the reader's reason quotes that path, longer than the pane is wide."""
+
+    def torn(ranks: Beats) -> None:
+        ranks[1]["stages_ms"] = {"x" * 300: "fast"}
+
+    _, text = asyncio.run(shown("slow-drafter", (160, 48), torn))
+    rows = {int(ln.split()[0]): ln for ln in text.splitlines() if ln.strip()[:1].isdigit()}
+    assert "unreadable" in rows[1] and "stages_ms.xxx" in rows[1], text
+    _, ranks = recorded("slow-drafter")
+    assert ranks[0]["host"][:10] in rows[0] and " training " in rows[0], text
+    assert len(ms_cells(rows[0])) == 2, rows[0]  # its compute and comm still shown
+    # With one rank unknown, no rank is blamed: the others may be waiting for it.
+    assert "straggler" not in text, text
