@@ -800,7 +800,11 @@ def rank_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
             for name, ms in sorted(b.stages_ms.items(), key=lambda kv: -kv[1])
             if name not in rank_balance.COMM_STAGES and not name.startswith("wait")
         )
-        peers = f"{st.peers} {b.role} peer" + ("s'" if st.peers > 1 else "'s")
+        peers = (
+            f"the median of its {st.peers} {b.role} peers'"
+            if st.peers > 1
+            else f"its {b.role} peer's"
+        )
         per = "step" if b.role == "drafter" else "batch"
         found.append(
             Finding(
@@ -808,7 +812,7 @@ def rank_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
                 "rank_straggler",
                 f"{ranks_view.name(b)} is a straggler on {b.host}, {b.device}",
                 f"{sp.compute_ms:.0f} ms of compute per {per} ({work} ms) vs "
-                f"{st.peers_ms:.0f} ms, the median of its {peers} "
+                f"{st.peers_ms:.0f} ms, {peers} "
                 f"({st.factor:.1f}x); the others wait in sends, receives and the all-reduce: "
                 f"{_waiters(st.waiting)} of their loops",
                 f"check {b.device} on {b.host} (its clocks and throttling, other processes on "
