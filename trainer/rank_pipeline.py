@@ -148,7 +148,8 @@ class TargetRankPipeline(_RankPipeline):
                     self.sender.wait_room(dst)
                 self.state.thread_state(f"send to rank {dst}")
                 with clock.work(STAGE_TRANSFER):
-                    time.sleep(self.faults.slow_s("link"))  # DFLASH_FAULT=slow:link:S
+                    if late := self.faults.slow_s("link"):  # DFLASH_FAULT=slow:link:S
+                        time.sleep(late)
                     self.sender.send(dst, g, blocks, features, self.q_pre[t].qsize())
             except RuntimeError as e:
                 if self._stopped_by_drafters(e):
