@@ -28,7 +28,7 @@ from textual.widgets import Footer, Static
 
 from dflash_tui import compare, control, log_pages, pager, run_info, sanitize, themes
 from dflash_tui.control import ControlError
-from dflash_tui.diagnosis import config_for, diagnose
+from dflash_tui.diagnosis import config_for, diagnose, rank_marks
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link, LinkError
 from dflash_tui.notify import Notifier
@@ -46,6 +46,7 @@ from dflash_tui.widgets.offline import OfflineNotes
 from dflash_tui.widgets.panes import Box, Pane, box_of
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.ranks import RanksPane
 from dflash_tui.widgets.replay import REFUSED, ReplayScreen
 from dflash_tui.widgets.screens import (
     ConfirmScreen,
@@ -184,6 +185,10 @@ class DFlashApp(App[int]):
                 yield HeartbeatPane(id="heartbeat")
         with Horizontal(id="middle"):
             with Vertical(id="main-col"):
+                # processes mode only: a row per rank (hidden until a rank heartbeat comes).
+                with Pane(id="ranks-box", classes="box -no-ranks"):
+                    yield Static("Ranks · ms per loop", classes="box-title")
+                    yield RanksPane(id="ranks")
                 # Next to the queues, and as wide as the step log: a bar per thread.
                 with Pane(id="stages-box", classes="box"):
                     yield Static("Stages · median ms per loop", classes="box-title")
@@ -281,6 +286,7 @@ class DFlashApp(App[int]):
         self.query_one(QueuePane).update_from(s)
         self.query_one(StagePane).update_from(s)
         self.query_one(StepLog).update_from(s)
+        self.query_one(RanksPane).update_from(s, rank_marks(s, self.clock(), self.diagnosis))
         findings = diagnose(s, self.clock(), self.diagnosis)
         self.query_one(AlertsPane).update_findings(findings)
         if self.notifier is not None:

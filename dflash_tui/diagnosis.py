@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from dflash_tui import compile_progress, evaluation, ranks_view
+from dflash_tui import compile_progress, evaluation, rank_balance, ranks_view
 from dflash_tui.facts import (
     current_visit,
     earlier_runs,
@@ -155,6 +155,11 @@ class DiagnosisConfig:
     # stuck_min_s) with a full q_pre is stuck (stuck_s without stage times).
     stuck_loops: float = 20.0
     stuck_min_s: float = 30.0
+    # processes mode: the ranks' loops (rank_balance.py, heartbeat-rank's stages_ms)
+    straggler_factor: float = 1.5  # compute per loop this many times its role peers' median
+    straggler_min_ms: float = 1.0  # … and this many ms above it (0 vs 0.01 ms is no straggler)
+    rank_min_steps: int = 10  # a rank's medians speak once it is this many steps in
+    rank_wait_frac: float = 0.3  # a rank that spends this share of its loop in comm waits
     # memory
     role_memory_frac: float = 0.9  # a GPU holding less than this × its role's usual peak
     held_min_bytes: int = GIB  # memory left on a GPU after the run ended worth naming
@@ -741,6 +746,104 @@ def rank_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
         )
         for b in ranks_view.beats(s.ranks)
         if b.error is not None and b.failed_rank in (None, b.rank)
+    ]
+
+
+def _timed_ranks(s: Store, now: float, cfg: DiagnosisConfig) -> list[rank_balance.Timed]:
+    """Every rank's loop times (rank_balance.timed) while the job trains; none while any
+    rank's do not speak (silent, failed, unreadable, not training yet): the others wait for
+    that one, which rank_silent and rank_failed name, not a straggler or the link."""
+    if _live(s, now, cfg, TRAINING) is None or len(s.ranks) < 2:
+        return []
+    limit = cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S
+    stale = {r for r, lag in ranks_view.lags(s.ranks).items() if lag > limit}
+    ranks = rank_balance.timed(ranks_view.beats(s.ranks), stale, cfg.rank_min_steps)
+    return ranks if len(ranks) == len(s.ranks) else []
+
+
+def _stragglers(s: Store, now: float, cfg: DiagnosisConfig) -> list[rank_balance.Straggler]:
+    return rank_balance.stragglers(
+        _timed_ranks(s, now, cfg), cfg.straggler_factor, cfg.straggler_min_ms, cfg.rank_wait_frac
+    )
+
+
+def _waiters(ranks: list[rank_balance.Timed], most: int = 3) -> str:
+    return ", ".join(
+        f"{ranks_view.name(r.beat)} {r.split.comm_share:.0%} ({r.split.comm_ms:.0f} ms)"
+        for r in ranks[:most]
+    ) + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+
+
+def rank_marks(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> dict[int, str]:
+    """{rank: failed | silent | straggler} by the rules' own tests, for the ranks pane."""
+    marks = {r.beat.rank: "straggler" for r in (st.who for st in _stragglers(s, now, cfg))}
+    limit = cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S
+    lags = ranks_view.lags(s.ranks)
+    for b in ranks_view.beats(s.ranks):
+        if not s.ended() and b.phase not in FINAL_PHASES and lags.get(b.rank, 0.0) > limit:
+            marks[b.rank] = "silent"
+        if b.error is not None and b.failed_rank in (None, b.rank):
+            marks[b.rank] = "failed"
+    return marks
+
+
+@rule
+def rank_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """processes mode: one rank computes each batch well slower than its same-role peers
+    while the ranks it feeds, or is fed by, wait in their sends, receives and all-reduce:
+    the whole job runs at that rank's pace."""
+    found = []
+    for st in _stragglers(s, now, cfg):
+        b, sp = st.who.beat, st.who.split
+        work = ", ".join(
+            f"{name} {ms:.0f}"
+            for name, ms in sorted(b.stages_ms.items(), key=lambda kv: -kv[1])
+            if name not in rank_balance.COMM_STAGES and not name.startswith("wait")
+        )
+        peers = (
+            f"the median of its {st.peers} {b.role} peers'"
+            if st.peers > 1
+            else f"its {b.role} peer's"
+        )
+        per = "step" if b.role == "drafter" else "batch"
+        found.append(
+            Finding(
+                "warning",
+                "rank_straggler",
+                f"{ranks_view.name(b)} is a straggler on {b.host}, {b.device}",
+                f"{sp.compute_ms:.0f} ms of compute per {per} ({work} ms) vs "
+                f"{st.peers_ms:.0f} ms, {peers} "
+                f"({st.factor:.1f}x); the others wait in sends, receives and the all-reduce: "
+                f"{_waiters(st.waiting)} of their loops",
+                f"check {b.device} on {b.host} (its clocks and throttling, other processes on "
+                "it); a device that stays slow: restart the job without it",
+            )
+        )
+    return found
+
+
+@rule
+def slow_link(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """processes mode: the ranks of both roles spend more of their loops in sends, receives
+    and the all-reduce than in compute, and no straggler is to blame: the link between the
+    ranks (the transport, its bandwidth) sets the job's pace."""
+    ranks = _timed_ranks(s, now, cfg)
+    if _stragglers(s, now, cfg):
+        return []
+    bound = rank_balance.link_bound(ranks, cfg.rank_wait_frac)
+    if bound is None:
+        return []
+    return [
+        Finding(
+            "warning",
+            "slow_link",
+            "the ranks wait on the link between them",
+            f"{len(ranks)} ranks spend {bound.comm_ms:.0f} ms per loop in sends, receives and "
+            f"the all-reduce, and compute {bound.compute_ms:.0f} ms, with no straggler; "
+            f"heaviest waiters: {_waiters(bound.heaviest)} of their loops",
+            "check the transport the ranks use (NCCL_DEBUG=INFO names it in each rank's "
+            "log): a socket or PCIe path where NVLink or InfiniBand was expected",
+        )
     ]
 
 

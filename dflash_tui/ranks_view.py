@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dflash_tui import rank_balance
+from dflash_tui.fmt import rate
 from trainer.contract.phases import FINAL_PHASES
 from trainer.contract.protocol import RankHeartbeatEvent
 from trainer.contract.ranks import MAX_RANKS, RankHeartbeat, parse_rank_heartbeat
@@ -67,6 +69,8 @@ def lines(ranks: dict[int, RankSeen]) -> list[str]:
             continue
         lag = behind.get(rank, 0.0)
         text = f"{name(b)} pid {b.pid} on {b.host}, {b.device}: {b.phase}, step {b.step}"
+        if (work := loop_text(b)) is not None:
+            text += f", {work}"
         if lag >= 1.0 and b.phase not in FINAL_PHASES:
             text += f", heartbeat {lag:.0f}s behind the others"
         if b.error is not None:
@@ -75,6 +79,18 @@ def lines(ranks: dict[int, RankSeen]) -> list[str]:
             text += f" (its file now: {seen.error})"
         out.append(text)
     return out
+
+
+def loop_text(b: RankHeartbeat) -> str | None:
+    """`1.8K tok/s, 430 ms compute + 40 ms comm per step`; None while not timed."""
+    sp = rank_balance.split(b)
+    if sp is None:
+        return None
+    per = "step" if b.role == "drafter" else "batch"
+    text = f"{rate(b.tok_s)}, {sp.compute_ms:.0f} ms compute + {sp.comm_ms:.0f} ms comm"
+    if sp.other_wait_ms >= 0.5:
+        text += f" + {sp.other_wait_ms:.0f} ms other waits"
+    return f"{text} per {per}"
 
 
 def to_json(ranks: dict[int, RankSeen]) -> list[dict[str, Any]]:

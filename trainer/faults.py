@@ -17,8 +17,10 @@ blocks or slows down; the real process dies):
                        optimizer steps N, N+EVERY, …: the gradient norm at those steps is
                        FACTOR times larger (clipping, where on, still bounds the update)
   slow:STAGE:SECONDS   STAGE takes SECONDS longer: each item of a role (prefetch, target,
-                       drafter), or once: load_target (the weight load), data (tokenising),
-                       compile (the warm-up compile)
+                       drafter), each send of a processes-mode target rank (link: a slow
+                       link as its sender sees it, inside its transfer stage), or once:
+                       load_target (the weight load), data (tokenising), compile (the
+                       warm-up compile)
   slow_from:N:ROLE:SECONDS  from optimizer step N on, each item of ROLE (prefetch, target,
                        drafter) takes SECONDS longer: a run that slows down mid-way
   sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
@@ -29,6 +31,10 @@ blocks or slows down; the real process dies):
                        (a self-deadlocked mutex): no Python signal handler can run any more
   buffer_log:BYTES     train.log is written as `python train.py > train.log` without -u
                        writes it: in blocks of BYTES, no flush per line (bursts of lines)
+
+Any fault may end in `:rank=R`: then only torchrun's rank R (its RANK) has it, the other
+ranks of a processes-mode job (and a threads-mode run, which has no RANK) run clean; e.g.
+slow:drafter:0.2:rank=3 makes one drafter rank a straggler.
 
 N counts the items that role has handled (from 0), or optimizer steps for nan, diverge,
 grad_spike, slow_from and sigkill. slow_from's step is the last one the optimizer finished: a
@@ -45,12 +51,13 @@ import threading
 import time
 
 ROLES = ("prefetch", "target", "drafter")
-STAGES = (*ROLES, "load_target", "data", "compile")
+STAGES = (*ROLES, "link", "load_target", "data", "compile")
 GRAMMAR = (
-    "ROLE[-I]:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr | grad_spike:N:EVERY:FACTOR"
-    " | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N | stall_checkpoint:SECONDS"
-    " | steal_signals:N | wedge_main:N | buffer_log:BYTES"
+    "(ROLE[-I]:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr"
+    " | grad_spike:N:EVERY:FACTOR | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N"
+    " | stall_checkpoint:SECONDS | steal_signals:N | wedge_main:N | buffer_log:BYTES)[:rank=R]"
 )
+RANK_QUALIFIER = "rank="
 
 
 def _thread_of_role(name: str) -> bool:
@@ -90,8 +97,17 @@ class FaultPlan:
         self.steal_after: int | None = None
         self.wedge_after: int | None = None
         self.log_buffer_bytes: int | None = None
+        rank = os.environ.get("RANK")  # torchrun's, for a fault qualified with :rank=R
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            self._add(spec, part.split(":"))
+            f = part.split(":")
+            if len(f) > 1 and f[-1].startswith(RANK_QUALIFIER):
+                wanted = int(_number(spec, f[-1][len(RANK_QUALIFIER) :], int))
+                # Another rank's fault is still checked, into a plan nobody uses: a typo
+                # fails every rank alike.
+                plan = self if rank == str(wanted) else FaultPlan("")
+                plan._add(spec, f[:-1])
+            else:
+                self._add(spec, f)
 
     def _add(self, spec: str, f: list[str]) -> None:
         if len(f) == 2 and _thread_of_role(f[0]):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections import deque
 from functools import partial
 from typing import Any
 
@@ -33,6 +35,7 @@ from trainer.contract.heartbeat import (
     STAGE_TRANSFER,
     STAGE_WAIT_HS,
     STAGE_WAIT_PRE,
+    STAGE_WAIT_REPLICAS,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
     QueueDepth,
@@ -47,6 +50,38 @@ from trainer.rank_transfer import FeatureSender, receive
 from trainer.ranks import Job, RankLayout
 from trainer.stages import StageClock
 from trainer.step import BlockBatch, attach_mask
+
+
+class OwnRate:
+    """This rank's own batches and their tokens over its last ~10 s: what heartbeat-rank's
+    `tok_s`/`batches_s` say (a drafter rank's job-level numbers are all-reduced: not its own)."""
+
+    WINDOW_S = 10.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the loop thread counts, the heartbeat thread reads
+        self._batches = self._tokens = 0
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=512)
+
+    def count(self, tokens: int) -> None:
+        with self._lock:
+            self._batches += 1
+            self._tokens += tokens
+            self._recent.append((time.monotonic(), self._batches, self._tokens))
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, batches/s) between the oldest and newest batch of the window."""
+        with self._lock:
+            recent = list(self._recent)
+        if len(recent) < 2:
+            return 0.0, 0.0
+        inside = [r for r in recent if recent[-1][0] - r[0] <= self.WINDOW_S]
+        if len(inside) < 2:  # batches slower than the window: the last two
+            inside = recent[-2:]
+        (t0, b0, k0), (t1, b1, k1) = inside[0], inside[-1]
+        if t1 <= t0:
+            return 0.0, 0.0
+        return (k1 - k0) / (t1 - t0), (b1 - b0) / (t1 - t0)
 
 
 class _RankPipeline(Pipeline):
@@ -68,6 +103,7 @@ class _RankPipeline(Pipeline):
         # The rank's progress for heartbeat-rank{R}.json: a drafter's step, a target's last
         # batch's step.
         self.rank_step = self.s0
+        self.own_rate = OwnRate()
 
     def _target_device(self, t: int) -> torch.device:
         return self.run.target_devices[0]
@@ -112,6 +148,8 @@ class TargetRankPipeline(_RankPipeline):
                     self.sender.wait_room(dst)
                 self.state.thread_state(f"send to rank {dst}")
                 with clock.work(STAGE_TRANSFER):
+                    if late := self.faults.slow_s("link"):  # DFLASH_FAULT=slow:link:S
+                        time.sleep(late)
                     self.sender.send(dst, g, blocks, features, self.q_pre[t].qsize())
             except RuntimeError as e:
                 if self._stopped_by_drafters(e):
@@ -119,6 +157,7 @@ class TargetRankPipeline(_RankPipeline):
                 raise
             with self._count_lock:
                 self._target_batches += 1
+            self.own_rate.count(blocks.tokens)
             step = self.s0 + (g - self.g0) // self.D + 1
             if step > self.rank_step:
                 self.rank_step = step
@@ -205,10 +244,18 @@ class DrafterRankPipeline(_RankPipeline):
         self.state.thread_state("done")
 
     def _end_of_step(self, r: int, s: int, clock: StageClock) -> None:
+        self.own_rate.count(self.out_tokens[r])  # its own batch, before the sums replace it
+        # The all-reduce waits for the slowest replica: timed as the step's barrier (a wait),
+        # not as this rank's optimizer work, so a straggler's peers do not look slow too.
+        with clock.wait(STAGE_WAIT_REPLICAS):
+            self._reduce_over_drafters()
         self._optimizer_step(s, clock)
         self.rank_step = s + 1
 
     def _average_grads(self) -> None:
+        """Done before the optimizer step, under the barrier's wait (_end_of_step)."""
+
+    def _reduce_over_drafters(self) -> None:
         """The mean gradient over the drafter ranks (one all_reduce of them all, flat), and
         the step's numbers every drafter rank logs alike."""
         grads = [p.grad for p in self._params]

@@ -48,6 +48,10 @@ class RankRun(Run):
     # -- the rank's heartbeat ------------------------------------------------------------
     def _write_rank_heartbeat(self, beat: Heartbeat, final: bool) -> None:
         pipe, lay = self.pipeline, self.layout
+        # Its loop thread (the target's or the drafter's: the role's own thread) and its
+        # stage medians, and the rank's own rate: what the straggler rules compare.
+        loop = next((t for t in beat.threads if t.role == lay.role), None)
+        tok_s, batches_s = pipe.own_rate.rates() if pipe is not None else (0.0, 0.0)
         rank_beat = RankHeartbeat(
             schema=RANK_SCHEMA_VERSION,
             run_id=self.job_dir.name,
@@ -66,6 +70,10 @@ class RankRun(Run):
             error=self._own_error or beat.error,
             exit_code=beat.exit_code,
             failed_rank=self.failed_rank,
+            tok_s=tok_s,
+            batches_s=batches_s,
+            loop=loop.name if loop is not None else "",
+            stages_ms=dict(loop.stages_ms) if loop is not None else {},
         )
         path = self.job_dir / rank_heartbeat_name(lay.rank)
         atomic_write_json(path, rank_beat.to_json(), durable=False)

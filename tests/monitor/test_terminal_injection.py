@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -381,6 +382,8 @@ def test_the_tui_shows_hostile_strings_as_text(
     # The stage bars: the thread's name (cut to its column) and the stage's, as text.
     assert r"target-0 A\x1…" in main and r"forward A\x1b[2J B\x1b]0;title\x07" in main
     assert "[link=http://x]y[/link] [bold red]H[/]" in main  # markup shown, not applied
+    # The ranks pane: the hostile rank's host as text (cut to its column), marked failed.
+    assert re.search(r"target 0\s+A\\x1b\[2J .*cuda:0\s+crashed\s.*failed", main), main
     assert_shows_attacks(seen["steplog"], "step log")
     assert "+1m step=8 loss=1.1 done 100%" in seen["steplog"] and "50%" not in seen["steplog"]
     assert r"A\x1b[2J" in seen["runs"] and LIVE_RUN in seen["runs"]

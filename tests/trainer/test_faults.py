@@ -26,6 +26,22 @@ def test_the_grammar():
     assert FaultPlan("").log_buffer_bytes is None
 
 
+def test_a_fault_for_one_rank_is_that_rank_s_only(monkeypatch):
+    """`:rank=R`: torchrun's rank R (its RANK) takes the fault, every other rank (and a
+    threads-mode run, without RANK) runs clean; a bad fault fails on every rank alike."""
+    spec = "slow:drafter:0.4:rank=3,slow:link:0.2"
+    monkeypatch.setenv("RANK", "3")
+    assert FaultPlan(spec).slow == {"drafter": 0.4, "link": 0.2}
+    monkeypatch.setenv("RANK", "2")
+    assert FaultPlan(spec).slow == {"link": 0.2}
+    monkeypatch.delenv("RANK")
+    assert FaultPlan(spec).slow == {"link": 0.2}
+    with pytest.raises(ValueError, match="DFLASH_FAULT="):
+        FaultPlan("slow:gpu:1:rank=3")  # not rank 3, still refused
+    with pytest.raises(ValueError, match="DFLASH_FAULT="):
+        FaultPlan("slow:drafter:1:rank=x")
+
+
 @pytest.mark.parametrize(
     "spec",
     [

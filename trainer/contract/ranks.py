@@ -8,11 +8,16 @@ it found failed first (`failed_rank`: itself, or the peer whose loss ended it).
 
 Schema history (ARCHITECTURE.md, "Versioning" — the same rules as the heartbeat's):
   1  the first rank heartbeat.
+     Later under schema 1 (optional, so no bump: older readers ignore the keys, and files
+     without them read as "not measured"): `tok_s` and `batches_s`, the rank's own rate, and
+     `loop`/`stages_ms`, its loop thread's stage medians (trainer/stages.py): what the
+     straggler and slow-link rules compare between ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,9 @@ RANK_HEARTBEAT_PREFIX = "heartbeat-rank"
 # More ranks than this in one run dir is not a job's world but a hostile dir: readers take
 # the first MAX_RANKS and leave the rest.
 MAX_RANKS = 4096
+MAX_STAGES = 32  # a loop has a handful of stages (heartbeat.ROLE_STAGES); more is not one
+MAX_STAGE_NAME = 64
+MAX_STAGE_MS = 1e9  # ~11 days for one iteration: past that the number is not a time
 _RANK_HEARTBEAT_NAME = re.compile(re.escape(RANK_HEARTBEAT_PREFIX) + r"(\d{1,5})\.json")
 
 
@@ -66,6 +74,32 @@ class RankHeartbeat:
     # The rank found failed first: this rank's own (an error of its own), or the peer whose
     # loss ended it (a lost connection, a timeout). None: nothing failed, or not known.
     failed_rank: int | None = None
+    # The rank's own rate over its last ~10 s: the tokens of the batches it forwarded (a
+    # target) or trained (a drafter) per second, and those batches per second. 0.0: none
+    # yet, or an older trainer.
+    tok_s: float = 0.0
+    batches_s: float = 0.0
+    # Its loop thread (`loop`: the target's or the drafter's thread, named as in its own
+    # heartbeat) and that thread's stage medians, ms per iteration (ThreadInfo.stages_ms):
+    # compute stages, and the `wait*` ones (heartbeat.is_wait) spent on queues, sends and
+    # receives, and the drafters' gradient all-reduce. Empty: not timed yet, or older.
+    loop: str = ""
+    stages_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def invalid(self) -> str | None:
+        """Why a well-typed rank heartbeat still cannot be a trainer's (a NaN or negative
+        time or rate); None for a sound one. The reader refuses it as Unreadable."""
+        for name, rate in (("tok_s", self.tok_s), ("batches_s", self.batches_s)):
+            if not 0.0 <= rate < math.inf:  # NaN fails too
+                return f"{name} {rate}: not a rate"
+        if len(self.stages_ms) > MAX_STAGES:
+            return f"{len(self.stages_ms)} stages (at most {MAX_STAGES})"
+        for stage, ms in self.stages_ms.items():
+            if len(stage) > MAX_STAGE_NAME:
+                return f"a stage name of {len(stage)} characters"
+            if not 0.0 <= ms <= MAX_STAGE_MS:
+                return f"stage {stage[:MAX_STAGE_NAME]!r}: {ms} ms: not a time"
+        return None
 
     @property
     def final(self) -> bool:
@@ -92,6 +126,8 @@ def parse_rank_heartbeat(
         return Unreadable(what, f"{e}{note}")
     if hb.role not in RANK_ROLES and not newer:
         return Unreadable(what, f"unknown role {hb.role!r}")
+    if (why := hb.invalid()) is not None:
+        return Unreadable(what, why)
     return hb
 
 
