@@ -15,6 +15,9 @@
 #             torchrun, gloo through host memory, as NCCL refuses a GPU twice): tok/s of each,
 #             their ratio, GIL p99 of each process (bench/modes_report.py), and one
 #             dump-stacks of the live processes-mode job (issue 17)
+#   group     one processes-mode job over two "hosts" (two local targets, two run roots, one
+#             group in config.toml) through `dflash-tui launch/status/dump-stacks/kill pair`,
+#             each node 1 target + 1 drafter rank on cuda:0 (issue 17)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -60,6 +63,7 @@ launch_and_measure() {  # NAME CONFIG SETTLE_S MEASURE_S [--set k=v ...]
   sleep "$measure"
   "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
   "${cli[@]}" status "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
+  gpu_memory "$name"
   local run_dir; run_dir=$(ls -td "$remote"/runs/*/ | head -1)
   echo "$run_dir" >> "$work/measured-runs.txt"
   if [[ -n ${DUMP_STACKS:-} ]]; then  # the live job's stacks, as an operator asks for them
@@ -86,6 +90,13 @@ EOF
   cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
   cp "$run_dir/config.json" "$out/config-$name.json" 2>/dev/null
   cp "$run_dir/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null
+}
+
+# What the whole GPU holds now (every process of the run), and per process: processes mode's
+# ranks each hold their own share.
+gpu_memory() {  # NAME
+  local used; used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  echo "MEMORY $1 gpu_used_mib=$used per_process_mib=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits | paste -sd+)" | tee -a "$log"
 }
 
 for part in $parts; do
@@ -180,12 +191,62 @@ else:
     print("LOSS: no common logged steps")
 EOF2
       ;;
+    group)
+      # One job over two "hosts" through `dflash-tui launch GROUP`: two local targets with
+      # their own remote dirs (two agents, two run roots), node 0 and node 1 of a
+      # processes-mode job, each node 1 target + 1 drafter rank on cuda:0 (4 ranks, gloo:
+      # they share the GPU), the rendezvous on 127.0.0.1. GROUP_CONFIG: this part's own
+      # check on a CPU machine (trainer/configs/tiny-cpu.toml).
+      config=${GROUP_CONFIG:-trainer/configs/qwen3-8b-h200.toml}
+      settle=${MODES_SETTLE:-15} measure=${MODES_MEASURE:-40}
+      if [[ $config == *qwen3-8b* ]]; then
+        [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+        per_node=(--set 'runtime.targets=["cuda:0"]' --set 'runtime.drafters=["cuda:0"]')
+      else
+        per_node=(--set 'runtime.targets=["cpu"]' --set 'runtime.drafters=["cpu"]')
+      fi
+      export XDG_CONFIG_HOME="$work/xdg"
+      mkdir -p "$XDG_CONFIG_HOME/dflash-tui"
+      port=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+      printf '[targets.host-a]\ntarget = "local"\nremote_dir = "%s"\n\n[targets.host-b]\ntarget = "local"\nremote_dir = "%s"\n\n[groups.pair]\nhosts = ["host-a", "host-b"]\nmaster = "127.0.0.1:%s"\n' \
+        "$work/host-a" "$work/host-b" "$port" > "$XDG_CONFIG_HOME/dflash-tui/config.toml"
+      for h in host-a host-b; do "${cli[@]}" deploy "$h" 2>&1 | tail -1 | tee -a "$log"; done
+      say "launch pair"
+      t_launch=$(date +%s.%N)
+      "${cli[@]}" launch pair --config "$config" --set runtime.mode=processes \
+        --set runtime.wandb_mode=disabled "${per_node[@]}" 2>&1 | tail -4 | tee -a "$log"
+      status=starting
+      for _ in $(seq 480); do
+        "${cli[@]}" status host-a --json > "$work/status.json" 2>/dev/null
+        status=$(python3 bench/snapshot_phase.py "$work/status.json")
+        [[ $status == training || $status == crashed || $status == finished ]] && break
+        sleep 1
+      done
+      echo "group: launch -> $status $(python3 -c "print(round($(date +%s.%N)-$t_launch, 1))") s" | tee -a "$log"
+      sleep "$settle"
+      t_start=$(date +%s)
+      sleep "$measure"
+      "${cli[@]}" status pair --json > "$out/status-group.json" 2>/dev/null
+      "${cli[@]}" status pair 2>&1 | tail -12 | tee -a "$log"
+      gpu_memory group
+      t_dump=$(date +%s.%N)
+      "${cli[@]}" dump-stacks pair > "$out/stacks-group.txt" 2> "$out/stacks-group.err"
+      echo "group: dump-stacks rc=$? in $(python3 -c "print(round($(date +%s.%N)-$t_dump, 2))") s," \
+        "$(grep -c '^## rank' "$out/stacks-group.txt") rank sections" | tee -a "$log"
+      run_a=$(ls -td "$work"/host-a/runs/*/ | head -1); run_b=$(ls -td "$work"/host-b/runs/*/ | head -1)
+      python3 bench/group_report.py "$run_a" "$run_b" "$t_start" | tee -a "$log"
+      "${cli[@]}" kill pair --timeout 60 2>&1 | tail -3 | tee -a "$log"
+      sleep 2
+      echo "group: after kill, GPU processes: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)" | tee -a "$log"
+      cp "$run_a/train.log" "$out/train-group-node0.log" 2>/dev/null
+      cp "$run_b/train.log" "$out/train-group-node1.log" 2>/dev/null
+      unset XDG_CONFIG_HOME ;;
     tiny)  # the script's own check, on any machine: the CPU demo config, packed vs not
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, x2, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, x2, modes, group, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
-grep -E "^RESULT|^RATIO|launch ->|^HYBRID" "$log"
+grep -E "^RESULT|^RATIO|^MEMORY|launch ->|^HYBRID|dump-stacks rc" "$log"

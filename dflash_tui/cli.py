@@ -300,7 +300,7 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     if text and text in group_names():
         raise TargetError(
             f"{text} is a group of hosts: {', '.join(GROUP_COMMANDS)} act on it; "
-            "watch one of its hosts by its own name"
+            f"`dflash-tui {text}` watches its hosts"
         )
     target = resolve_target(
         text,
@@ -618,12 +618,13 @@ async def _demo(args: argparse.Namespace) -> int:
     return code
 
 
-async def _fleet(args: argparse.Namespace) -> int:
+async def _fleet(args: argparse.Namespace, hosts: tuple[str, ...] | None = None) -> int:
     """`fleet`: the config's targets; none is bad input (fleet.configured_targets says how
-    to add one)."""
+    to add one). `hosts`: a group's (`dflash-tui GROUP`), node 0 first: one row per host,
+    Enter opens that host's dashboard (its GPUs, its ranks)."""
     from dflash_tui.fleet import configured_targets
 
-    targets = configured_targets()
+    targets = configured_targets(only=hosts)
     if args.once or args.headless or args.json:
         from dflash_tui.fleet_headless import FleetHeadless
 
@@ -757,6 +758,11 @@ def main(argv: list[str] | None = None) -> int:
         if slip is not None:
             _err(f"unknown command {args.target!r}: did you mean {slip}?")
             return 2
+        from dflash_tui import groups
+
+        group = groups.group_named(args.target)  # a job over several hosts: its fleet
+        if group is not None:
+            return asyncio.run(_fleet(args, group.hosts))
         return asyncio.run(_monitor(args, target_from(args, args.target)))
     except TargetError as e:
         _err(str(e))

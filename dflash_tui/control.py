@@ -244,10 +244,12 @@ class Killed:
     outcome: Outcome | None = None  # how the run ended, read once it had (the agent's)
     not_running: str = ""  # Kill.ended_ok: it had ended already, nothing signalled (why)
 
-    def describe(self) -> str:
+    def describe(self, checkpoints_here: bool = True) -> str:
         """How the kill ended the run, in the outcome's words, and what a restart continues:
         `stopped at step 105 (SIGTERM), checkpoint checkpoints/step-00000105.pt — resumable
-        with restart`, `killed (SIGKILL) at step 57 … — restart starts at step 0`."""
+        with restart`, `killed (SIGKILL) at step 57 … — restart starts at step 0`.
+        `checkpoints_here` False: a group's node other than 0, whose run dir never holds
+        one (a group restart resumes from node 0's)."""
         if self.not_running:
             return self.not_running
         o = self.outcome
@@ -265,6 +267,8 @@ class Killed:
             what = f"killed ({o.signal}){at}" if o.signal else f"vanished{at} (no exit record)"
         else:
             what = f"{o.kind.replace('_', ' ')}{at} ({sent})"
+        if not checkpoints_here:
+            return f"{what}; node 0 keeps the job's checkpoints"
         point = o.resume
         if point is None:
             checkpoint = f", checkpoint {o.checkpoint}" if o.checkpoint else ""

@@ -30,10 +30,15 @@ from dflash_tui.targets import (
 STATUS_WORDS = {0: "ok", 1: "warning", 2: "critical", 3: "unreachable"}
 
 
-def configured_targets(path: Path | None = None) -> list[Target]:
-    """The named targets, in the config's order; none is bad input, said in one line."""
+def configured_targets(
+    path: Path | None = None, only: tuple[str, ...] | None = None
+) -> list[Target]:
+    """The named targets, in the config's order (`only`: these, in this order: a group's
+    hosts); none is bad input, said in one line."""
     path = path or user_config_path()
     named = load_user_targets(path)
+    if only is not None:
+        return [resolve_target(name, config_path=path) for name in only]
     if not named:
         raise TargetError(
             f"fleet: no targets in {path}: add one as [targets.NAME] with "

@@ -195,7 +195,8 @@ async def kill(group: Group, nodes: list[Node], args: argparse.Namespace) -> int
                 return 0
             lived.append(node)
             node.out(
-                f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s; orphans: {k.orphans or 'none'}"
+                f"{k.run_id} {k.describe(node.rank == 0)}; {k.stop_s:.1f}s; "
+                f"orphans: {k.orphans or 'none'}"
                 + (f"; GPU memory still held by pids {k.gpu_held_by}" if k.gpu_held_by else "")
             )
             return 0 if not k.orphans and not k.gpu_held_by else 1
@@ -226,7 +227,7 @@ async def restart(group: Group, nodes: list[Node], args: argparse.Namespace) -> 
                 place(group, node, new),
             )  # fmt: skip
             if r.killed is not None:
-                node.out(f"{r.killed.run_id} {r.killed.describe()}")
+                node.out(f"{r.killed.run_id} {r.killed.describe(node.rank == 0)}")
             if node.rank == 0:
                 node.out(r.describe())
             else:  # it resumes nothing itself: node 0 hands it the position

@@ -130,6 +130,11 @@ class RankRun(Run):
     def wandb_dir(self) -> Path:
         return self.job_dir
 
+    def _build_options(self) -> dict[str, Any]:
+        # A drafter rank reads features from the wire: the target's layers would only take
+        # its GPU's memory (~50 GB of a 27B target) and its start-up's time.
+        return {"run_target": self.layout.role == "target"}
+
     def _resume(self, setup: Any, checkpoint: Path | None) -> Any:
         from trainer.rank_resume import resume_from_writer
 

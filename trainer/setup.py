@@ -38,6 +38,7 @@ from trainer.target import (
     LoadedTarget,
     TargetInfo,
     default_target_layer_ids,
+    load_embeddings,
     load_target,
     load_tokenizer,
     read_target_info,
@@ -61,6 +62,7 @@ class TargetLoader(threading.Thread):
         progress: Callable[[int], None],
         span: tuple[Callable[[], None], Callable[[], None]],
         delay_s: float = 0.0,
+        embeddings_only: bool = False,
     ) -> None:
         super().__init__(name="target-loader", daemon=True)
         # transformers resolves its classes lazily, and a lazy import racing another thread's
@@ -71,6 +73,7 @@ class TargetLoader(threading.Thread):
         self.path, self.layer_ids, self.devices = path, layer_ids, devices
         self.dtype_name, self.progress = dtype_name, progress
         self.span, self.delay_s = span, delay_s
+        self.embeddings_only = embeddings_only  # a drafter rank: no target layers
         self._targets: dict[torch.device, LoadedTarget] = {}
         self._error: BaseException | None = None
 
@@ -81,7 +84,10 @@ class TargetLoader(threading.Thread):
             time.sleep(self.delay_s)  # DFLASH_FAULT=slow:load_target:S (a slow disk)
             for i, dev in enumerate(self.devices):
                 dtype = resolve_dtype(self.dtype_name, dev)
-                self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
+                if self.embeddings_only:
+                    self._targets[dev] = load_embeddings(self.path, dtype, dev)
+                else:
+                    self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
                 self.progress(i + 1)  # counted in target copies only (build_run)
         except BaseException as e:  # re-raised on the main thread by result()
             self._error = e
@@ -236,11 +242,14 @@ def build_run(
     on_data: Callable[[DataInfo], None] = lambda _i: None,
     laps: StartupLaps | None = None,
     batches_per_step: int | None = None,
+    run_target: bool = True,
 ) -> RunSetup:
     """Check the cheap things first (devices, paths), then tokenize, then load weights.
     `preflight(target path, target device, layers kept)` runs once the target's config is
     known, before anything heavy (trainer/preflight.py). `batches_per_step`: the job's
-    drafter replicas when this process holds only some (processes mode); default all."""
+    drafter replicas when this process holds only some (processes mode); default all.
+    `run_target` False: this process runs no target forward (a drafter rank), so only the
+    target's embedding and head are loaded, not its layers."""
     lap = laps or StartupLaps()
     rt = cfg.runtime
     target_devices = [resolve_device(d, "runtime.targets") for d in rt.targets]
@@ -327,6 +336,7 @@ def build_run(
         lambda done: progress(done, LOADER_UNIT),
         load_span,
         faults.slow_s("load_target"),
+        embeddings_only=not run_target,
     )
     loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])

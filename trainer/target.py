@@ -9,6 +9,7 @@ largest single matmul) all of it: the target's own logits are never computed.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ class TargetFeatures(nn.Module):
 
 @dataclass
 class LoadedTarget:
-    features: TargetFeatures
+    features: TargetFeatures | NoFeatures
     embed_weight: Tensor
     lm_head_weight: Tensor
     info: TargetInfo
@@ -280,6 +281,69 @@ def load_target(
         info=info,
         layer_ids=list(layer_ids),
         model=model,
+        path=path,
+    )
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in dict.fromkeys(weight_map.values())]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"target {path}: no .safetensors weights in it")
+    return files
+
+
+class NoFeatures:
+    """A drafter rank's stand-in for the target's layers: it holds the embedding and head
+    only (processes mode), and never runs a target forward."""
+
+    def __call__(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        raise RuntimeError("this process loaded the target's embedding and head only")
+
+
+# Where a checkpoint keeps the text model's embedding and head: `model.` for Qwen3 and the
+# text-only Qwen3.5, `model.language_model.` for the multimodal wrapper.
+_EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+_HEAD_KEYS = ("lm_head.weight", "model.language_model.lm_head.weight")
+
+
+def load_embeddings(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedTarget:
+    """The target's input embedding and output head only, read from its .safetensors by
+    name: what a drafter rank shares with the target (DFlash's drafter reuses both, frozen).
+    A drafter rank of a 27B target would otherwise hold ~50 GB of layers it never runs."""
+    from safetensors import safe_open
+
+    info = read_target_info(path)
+    found: dict[str, Tensor] = {}
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            names = set(f.keys())
+            for name, candidates in (("embed", _EMBED_KEYS), ("head", _HEAD_KEYS)):
+                key = next((k for k in candidates if k in names), None)
+                if key is not None and name not in found:
+                    found[name] = f.get_tensor(key)
+    if "head" not in found and info.tied_embeddings and "embed" in found:
+        found["head"] = found["embed"]
+    shape = (info.vocab_size, info.hidden_size)
+    for name, keys in (("embed", _EMBED_KEYS), ("head", _HEAD_KEYS)):
+        tensor = found.get(name)
+        if tensor is None:
+            raise ValueError(f"target {path}: no {' or '.join(keys)} in its .safetensors")
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"target {path}: {name} weight is {tuple(tensor.shape)}, its config says {shape}"
+            )
+    embed = found["embed"].to(device=device, dtype=dtype)
+    head = embed if found["head"] is found["embed"] else found["head"].to(device, dtype)
+    return LoadedTarget(
+        features=NoFeatures(),
+        embed_weight=embed,
+        lm_head_weight=head,
+        info=info,
+        layer_ids=[],
         path=path,
     )
 

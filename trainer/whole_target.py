@@ -14,7 +14,6 @@ compares its logits with `from_pretrained` of the whole checkpoint.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -22,20 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.target import LoadedTarget, text_config
-
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-
-def _checkpoint_files(path: Path) -> list[Path]:
-    index = path / _SAFETENSORS_INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / name for name in dict.fromkeys(weight_map.values())]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"target {path}: no .safetensors weights to read the dropped layers from")
-    return files
+from trainer.target import LoadedTarget, checkpoint_files, text_config
 
 
 def _layer_tensors(path: Path, layers: range) -> dict[int, dict[str, torch.Tensor]]:
@@ -47,7 +33,7 @@ def _layer_tensors(path: Path, layers: range) -> dict[int, dict[str, torch.Tenso
     wanted = set(layers)
     pattern = re.compile(r"^(?:model\.language_model\.|model\.)layers\.(\d+)\.(.+)$")
     out: dict[int, dict[str, torch.Tensor]] = {i: {} for i in layers}
-    for file in _checkpoint_files(path):
+    for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 m = pattern.match(key)

@@ -23,6 +23,7 @@ from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
 from dflash_tui.agent.pages import read_page as read_range
 from dflash_tui.agent.proc_table import signal_member
+from dflash_tui.agent.rank_pyspy import pyspy_ranks
 from dflash_tui.agent.rank_stacks import (
     FALLBACK_FILE,
     dump_ranks,
@@ -219,6 +220,7 @@ def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
 # (the trainer's guard puts its handler back within 0.2 s) is sent again after RESEND_S.
 NAMED_WAIT_S = 2.0
 RESEND_S = 0.6
+RANKS_PYSPY_BUDGET_S = 40.0  # py-spy over every rank: inside DumpStacks.client_timeout
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.MULTILINE)
 
 
@@ -276,16 +278,18 @@ def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     t0 = time.monotonic()
     if places := rank_places(run_dir):  # processes mode: the launcher passes it on
         ranks_text, kind = dump_ranks(proc, places, cmd.timeout_s)
-        # No py-spy: it would attach to rank pids read from files, which nothing proved.
-        seconds = round(time.monotonic() - t0, 3)
-        return {
+        answer: dict[str, Any] = {
             "run_id": run_id,
             "pid": proc.pid,
             "path": run_dir,
             "text": ranks_text,
             "kind": kind,
-            "seconds": seconds,
+            "seconds": round(time.monotonic() - t0, 3),
         }
+        if cmd.pyspy and shutil.which("py-spy") and still(proc):
+            # Each rank attached to only once proven the launcher's child (rank_pyspy.py).
+            answer["pyspy"] = pyspy_ranks(proc, places, RANKS_PYSPY_BUDGET_S)
+        return answer
     before = set(os.listdir(run_dir))
     named_until = t0 + min(cmd.timeout_s, NAMED_WAIT_S)
     signal_process(proc, signal.SIGUSR1)  # the trainer writes stacks-<time>.txt

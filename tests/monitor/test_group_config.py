@@ -74,13 +74,11 @@ def test_a_group_named_like_a_target_is_refused(tmp_path):
     assert "groups.gpu-a: 'gpu-a' names a target too: rename one" in r.stderr
 
 
-def test_per_host_options_and_watching_a_group_are_refused(tmp_path):
+def test_per_host_options_and_deploying_to_a_group_are_refused(tmp_path):
     home = write(tmp_path, '[groups.pair]\nhosts = ["gpu-a", "gpu-b"]\nmaster = "h:1"\n')
     r = group_cli(home, "kill", "pair", "--remote-dir", "/tmp/x")
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "--remote-dir with group pair: each host's comes from its [targets.*]" in r.stderr
-    r = group_cli(home, "pair", "--once")  # the monitor watches one host, not a group
-    assert r.returncode == 2 and "pair is a group of hosts" in r.stderr, r.stderr
     r = group_cli(home, "deploy", "pair")
     assert r.returncode == 2 and "pair is a group of hosts" in r.stderr, r.stderr
 
@@ -138,3 +136,20 @@ def test_load_groups_says_a_groups_table_that_is_no_table(tmp_path):
     home = write(tmp_path, "", top='groups = "pair"\n')
     with pytest.raises(TargetError, match=r"\[groups\] must be a table"):
         load_groups(home / "dflash-tui" / "config.toml")
+
+
+def test_watching_a_group_is_its_hosts_fleet_node_0_first(tmp_path):
+    """`dflash-tui GROUP`: a row per host in node order (each its own agent and run root),
+    as `fleet` shows them; Enter on one in the TUI opens that host's dashboard."""
+    home = tmp_path / "config"
+    (home / "dflash-tui").mkdir(parents=True)
+    (home / "dflash-tui" / "config.toml").write_text(
+        f'[targets.host-a]\ntarget = "local"\nremote_dir = "{tmp_path / "a"}"\n'
+        f'[targets.host-b]\ntarget = "local"\nremote_dir = "{tmp_path / "b"}"\n'
+        f'[targets.other]\ntarget = "local"\nremote_dir = "{tmp_path / "c"}"\n'
+        '[groups.pair]\nhosts = ["host-b", "host-a"]\nmaster = "127.0.0.1:29500"\n'
+    )
+    r = group_cli(home, "pair", "--headless", "--once")
+    rows = [line.split()[0] for line in r.stdout.splitlines()]
+    assert rows == ["host-b", "host-a"], r.stdout + r.stderr
+    assert all("connected" in line for line in r.stdout.splitlines()), r.stdout

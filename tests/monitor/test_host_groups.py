@@ -113,6 +113,8 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
         assert said(k.stdout, "gpu-a", 0).startswith(f"{run_id} stopped at step "), k.stdout
         assert "orphans: none" in said(k.stdout, "gpu-a", 0), k.stdout
         assert said(k.stdout, "gpu-b", 1), k.stdout  # killed, or already ended with node 0
+        # Node 1 never holds a checkpoint: its line must not promise a restart from step 0.
+        assert "restart starts at step 0" not in said(k.stdout, "gpu-b", 1), k.stdout
         assert job_pids(dirs[0]) == [] and job_pids(dirs[1]) == []
         ended = json.loads((dirs[0] / "exit.json").read_text())
         assert ended["final_phase"] == "stopped", ended

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -74,6 +75,20 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
         for section, loop in zip(sections, loops, strict=True):
             assert 'Thread "' in section and f"in {loop}" in section, section[:3000]
         assert f"# ranks dump of pid {launch['pid']}" in d.stdout
+        assert Path(f"/proc/{launch['pid']}").exists() and len(job_pids(run_dir)) >= 5
+
+        # With py-spy (the trainer extra's, on PATH): each rank, proven the launcher's
+        # child, attached to by pid (dflash_tui/agent/rank_pyspy.py); the job trains on.
+        venv_bin = str(Path(sys.executable).parent)
+        with_pyspy = {"PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
+        d = cli("dump-stacks", *where, env=with_pyspy)
+        assert d.returncode == 0, d.stderr
+        native = d.stdout.split("# py-spy dump --native\n", 1)[1]
+        spied = native.split("\n## ")
+        assert len(spied) == 4, native[:3000]
+        for r, (section, role) in enumerate(zip(spied, roles, strict=True)):
+            assert f"rank {r} ({role}) pid " in section and "py-spy dump --native" in section
+            assert "Thread " in section, section[:2000]
         assert Path(f"/proc/{launch['pid']}").exists() and len(job_pids(run_dir)) >= 5
 
         # The monitor follows every rank: status names each, and a rank that stops

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trainer.target import (
     default_target_layer_ids,
+    load_embeddings,
     load_target,
     load_tokenizer,
     read_target_info,
@@ -170,3 +171,37 @@ def test_qwen36_bench_builder_writes_only_the_layers_read(tmp_path):
     t = load_target(tmp_path, layer_ids, torch.float32, torch.device("cpu"))
     feats = t.features(torch.randint(4, 200, (1, 20)))
     assert feats.shape == (1, 20, 5 * 128) and torch.isfinite(feats).all()
+
+
+@pytest.mark.parametrize(
+    "form", ["tiny_target_dir", "tiny_hybrid_target_dir", "tiny_hybrid_text_dir"]
+)
+def test_a_drafter_rank_loads_the_same_embedding_and_head_and_no_layers(form, request):
+    """processes mode's drafter ranks read the embedding and head by name from the
+    .safetensors (every saved form: Qwen3, the Qwen3.5 wrapper, its text-only form): the
+    very tensors the whole target load gives, and no layer."""
+    path = request.getfixturevalue(form)
+    whole = load_target(path, [0, 1], torch.float32, torch.device("cpu"))
+    only = load_embeddings(path, torch.float32, torch.device("cpu"))
+    assert torch.equal(only.embed_weight, whole.embed_weight)
+    assert torch.equal(only.lm_head_weight, whole.lm_head_weight)
+    assert (only.lm_head_weight is only.embed_weight) == only.info.tied_embeddings
+    assert only.model is None and only.layer_ids == []
+    with pytest.raises(RuntimeError, match="embedding and head only"):
+        only.features(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_an_embedding_of_the_wrong_shape_is_one_line(tiny_target_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "target"
+    shutil.copytree(tiny_target_dir, copy)
+    (weights,) = copy.glob("*.safetensors")
+    tensors = load_file(weights)
+    key = "model.embed_tokens.weight"
+    tensors[key] = tensors[key][:-1].clone()
+    save_file(tensors, weights)
+    with pytest.raises(ValueError, match=r"embed weight is \(\d+, \d+\), its config says"):
+        load_embeddings(copy, torch.float32, torch.device("cpu"))
