@@ -90,6 +90,18 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
         assert ranks == {"gpu-a": [0, 1], "gpu-b": [2, 3]}, ranks
         text = cli("status", "pair", env=env).stdout
         assert "=== pair: gpu-a node 0 ===" in text and "=== pair: gpu-b node 1 ===" in text
+        node1 = text.split("=== pair: gpu-b node 1 ===")[1]
+        assert "rank 2 (target 1) pid " in node1 and "rank 3 (drafter 1) pid " in node1, text
+
+        # Each host's launcher passes SIGUSR1 on to its own ranks: every rank's stacks, host
+        # by host, and the job trains on.
+        d = cli("dump-stacks", "pair", "--no-pyspy", env=env, timeout=180)
+        assert d.returncode == 0, d.stdout[-3000:] + d.stderr
+        hosts = d.stdout.split("=== pair: gpu-b node 1 ===")
+        assert hosts[0].startswith("=== pair: gpu-a node 0 ===") and len(hosts) == 2, d.stdout
+        for part, ranks_here in zip(hosts, ([0, 1], [2, 3]), strict=True):
+            heads = [s.split(" pid ")[0] for s in part.split("\n## ")[1:]]
+            assert [h.split(" (")[0] for h in heads] == [f"rank {r}" for r in ranks_here], heads
         # Node 1 keeps its own heartbeat (its lead rank's): needs the trainer's per-node
         # run dirs (trainer-side work on main).
         for h in job["hosts"]:
