@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.tiny_target import build_tokenizer
 
 
-def main(out: Path) -> None:
-    t0 = time.time()
-    cfg = Qwen3Config(
+def qwen3_8b_config() -> Qwen3Config:
+    """The 8B bench target's shape (bench/scaling.py reads it too)."""
+    return Qwen3Config(
         vocab_size=151936,
         hidden_size=4096,
         intermediate_size=12288,
@@ -32,6 +32,11 @@ def main(out: Path) -> None:
         max_position_embeddings=40960,
         tie_word_embeddings=False,
     )
+
+
+def main(out: Path) -> None:
+    t0 = time.time()
+    cfg = qwen3_8b_config()
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg)

@@ -153,23 +153,12 @@ def _target_info_27b() -> Any:
 
 
 def _target_info_8b() -> Any:
-    # bench/make_bench_target.py:24-33, the 8B bench target's Qwen3Config
-    from transformers import Qwen3Config
+    """The 8B bench target's shape, as bench/make_bench_target.py builds it."""
+    from make_bench_target import qwen3_8b_config  # bench/, beside this file
 
     from trainer.target import _target_info
 
-    return _target_info(
-        Qwen3Config(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            tie_word_embeddings=False,
-        )
-    )
+    return _target_info(qwen3_8b_config())
 
 
 def workload(config: Path, info: Any) -> Workload:
