@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.data import load_samples, resolve_data_path
-from trainer.target import load_tokenizer
-from trainer.tiny_target import resolve_target_path
+from trainer.builtins.resolve import resolve_data_path, resolve_target_path
+from trainer.data.samples import load_samples
+from trainer.targets.load import load_tokenizer
 
 
 def main() -> None:

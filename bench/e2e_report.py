@@ -80,7 +80,7 @@ def _run(run_dir: Path, settle_s: float) -> dict[str, Any]:
         out["parent"] = (cfg.get("run") or {}).get("parent")
     except (OSError, ValueError):
         pass
-    if hb.eval is not None:  # held-out τ during training (trainer/online_eval.py)
+    if hb.eval is not None:  # held-out τ during training (trainer/evaluation/online.py)
         ev = hb.eval
         out["eval"] = {
             "history": [[p.step, p.tau] for p in ev.history],

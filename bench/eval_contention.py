@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.speculative import speculative_decode
+from trainer.evaluation.speculative import speculative_decode
 
 LAYERS = [1, 9, 17, 25, 33]
 

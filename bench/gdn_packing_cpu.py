@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.target_packing import DocBounds
-from trainer.tiny_target import tiny_qwen35_text_config
+from trainer.targets.packing import DocBounds
+from trainer.targets.tiny import tiny_qwen35_text_config
 
 CASES = {
     "even 8 x 256": [[256] * 4, [256] * 4],

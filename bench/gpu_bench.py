@@ -40,20 +40,20 @@ import torch  # noqa: E402
 from gpu_timeline import GpuSampler, KernelTimeline, sustained  # noqa: E402  (bench/)
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from trainer.attention import (  # noqa: E402
+from trainer.data.samples import Batch, LoadReport, Sample  # noqa: E402
+from trainer.model.attention import (  # noqa: E402
     attend,
     make_block_mask,
     make_dense_mask,
     resolve_backend,
 )
-from trainer.blocks import sample_anchors  # noqa: E402
-from trainer.data import Batch, LoadReport, Sample  # noqa: E402
-from trainer.loss import dflash_loss  # noqa: E402
-from trainer.model import DFlashDrafter, DrafterArch  # noqa: E402
-from trainer.pipeline import autocast_for  # noqa: E402
-from trainer.setup import compile_layers  # noqa: E402
-from trainer.step import BlockBatch, LossSettings, drafter_loss  # noqa: E402
-from trainer.target import TargetFeatures, default_target_layer_ids  # noqa: E402
+from trainer.model.blocks import sample_anchors  # noqa: E402
+from trainer.model.drafter import DFlashDrafter, DrafterArch  # noqa: E402
+from trainer.model.loss import dflash_loss  # noqa: E402
+from trainer.model.step import BlockBatch, LossSettings, drafter_loss  # noqa: E402
+from trainer.runtime.pipeline import autocast_for  # noqa: E402
+from trainer.runtime.setup import compile_layers  # noqa: E402
+from trainer.targets.load import TargetFeatures, default_target_layer_ids  # noqa: E402
 
 RESULTS: dict[str, Any] = {}
 SAMPLER: GpuSampler | None = None  # set in main(): clocks and power per section
@@ -407,7 +407,7 @@ def section_stages(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
     """Each pipeline stage alone, exactly as its thread runs it, sustained for seconds:
     the drafter's step (loss, backward, grad clip, AdamW) on a target thread's output, and
     the target's forward plus the mask build. Clocks sampled, 3 steps profiled."""
-    from trainer.step import attach_mask
+    from trainer.model.step import attach_mask
 
     assert SAMPLER is not None
     blocks = synthetic_blocks(sh, device)
@@ -470,11 +470,11 @@ def section_pipeline(
 ) -> None:
     """The real Pipeline (threads, queues, warm-up) with all roles on this one device."""
     from trainer.config import Config
-    from trainer.replicas import DrafterReplicas
-    from trainer.runstate import RunState
-    from trainer.setup import RunSetup
-    from trainer.target import LoadedTarget, TargetInfo
-    from trainer.warmup import warm_up
+    from trainer.model.replicas import DrafterReplicas
+    from trainer.reporting.runstate import RunState
+    from trainer.runtime.setup import RunSetup
+    from trainer.runtime.warmup import warm_up
+    from trainer.targets.load import LoadedTarget, TargetInfo
 
     cfg = Config()
     cfg.data.seq_buckets = [sh.S]
@@ -591,10 +591,10 @@ def _run_pipeline(
     name: str,
     profile: bool,
 ) -> dict[str, Any]:
-    from trainer.checkpoint import TrainPosition
-    from trainer.pipeline import Pipeline
-    from trainer.steplog import RunLog
-    from trainer.warmup import graphs_compiled
+    from trainer.model.checkpoint import TrainPosition
+    from trainer.reporting.steplog import RunLog
+    from trainer.runtime.pipeline import Pipeline
+    from trainer.runtime.warmup import graphs_compiled
 
     graphs0 = graphs_compiled()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"dflash-bench-{os.getpid()}-{name[0]}"
@@ -690,7 +690,7 @@ def compile_report(path: Path) -> None:
     """Where the compile time went (dynamo's timers), the slowest stages printed, all saved."""
     from torch._dynamo.utils import compilation_time_metrics
 
-    from trainer.warmup import compile_breakdown, compile_cache_counts
+    from trainer.runtime.warmup import compile_breakdown, compile_cache_counts
 
     path.write_text(json.dumps(compilation_time_metrics, indent=1, default=str))
     RESULTS["compile_breakdown_s"] = compile_breakdown(8)

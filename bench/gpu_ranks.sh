@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rank_straggler and slow_link on a GPU, through dflash-tui as an operator runs it: the tiny
 # config as a processes-mode job of 4 ranks on the lent GPU(s) (stage times from CUDA events
-# on each rank's stream, trainer/stages.py), no drafter compile (a bare machine's cold
+# on each rank's stream, trainer/reporting/stages.py), no drafter compile (a bare machine's cold
 # compile would take the call), one fault per scenario with DFLASH_FAULT; for each, the
 # first `status --json` in which every rank is timed at step >= 25 (or the last one), and
 # `status`'s text. Usage (GPU machine, repo root): bench/gpu_ranks.sh OUT [DEVICES [NAMES]]

@@ -109,7 +109,7 @@ for part in $parts; do
       # no row has padding, and an epoch outlasts the measurement).
       python3 - "$work/fulldocs.jsonl" <<'EOF'
 import json, random, sys
-from trainer.synthetic import conversation_text, generate_conversations
+from trainer.data.synthetic import conversation_text, generate_conversations
 convs = [conversation_text(c) for c in generate_conversations(6000, seed=11)]
 rng = random.Random(0)
 with open(sys.argv[1], "w") as f:

@@ -39,8 +39,8 @@ def main() -> int:
     from make_bench_target_qwen36 import TEXT, hybrid_layer_types
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from trainer.target import TargetFeatures
-    from trainer.target_packing import fla_available
+    from trainer.targets.load import TargetFeatures
+    from trainer.targets.packing import fla_available
 
     dev = torch.device("cuda")
     torch.manual_seed(0)

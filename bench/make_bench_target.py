@@ -3,7 +3,7 @@
     python3 bench/make_bench_target.py /tmp/qwen3-8b-random
 
 All 36 layers are written: training reads layers 0..33 (a 5-layer drafter's deepest is 33),
-and the held-out eval's verifying target reads the 2 it drops (trainer/whole_target.py).
+and the held-out eval's verifying target reads the 2 it drops (trainer/targets/whole.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.tiny_target import build_tokenizer
+from trainer.targets.tiny import build_tokenizer
 
 
 def qwen3_8b_config() -> Qwen3Config:

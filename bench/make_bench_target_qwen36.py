@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.target import default_target_layer_ids
-from trainer.tiny_target import build_tokenizer, tiny_vision_config
+from trainer.targets.load import default_target_layer_ids
+from trainer.targets.tiny import build_tokenizer, tiny_vision_config
 
 NUM_LAYERS = 64
 TEXT: dict[str, Any] = dict(

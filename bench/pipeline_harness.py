@@ -3,7 +3,8 @@
     python3 bench/pipeline_harness.py --config trainer/configs/qwen3-8b-h200.toml \
         [--settle 15] [--measure 45] [--set KEY=VALUE ...]
 
-Builds the run exactly as the trainer does (`trainer.setup.build_run`: the same data, packing,
+Builds the run exactly as the trainer does (`trainer.runtime.setup.build_run`: the same data,
+packing,
 target, drafters and compile), warms up, then runs `Pipeline` in this process with nothing
 around it: no run dir, no heartbeat or telemetry thread, no GIL probe, no checkpoints, no
 agent or monitor. Real tokens per second over `--measure` seconds after `--settle` seconds of
@@ -31,19 +32,19 @@ def main() -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args()
 
-    from trainer.compile_cache import configure_compile_cache
     from trainer.config import load_config
+    from trainer.runtime.compile.cache import configure_compile_cache
 
     cfg = load_config(args.config, args.overrides)
     configure_compile_cache(cfg)
 
-    from trainer.checkpoint import TrainPosition
-    from trainer.pipeline import Pipeline
-    from trainer.run import set_threads_for_cpu
-    from trainer.runstate import RunState
-    from trainer.setup import build_run
-    from trainer.steplog import RunLog
-    from trainer.warmup import warm_up
+    from trainer.model.checkpoint import TrainPosition
+    from trainer.reporting.runstate import RunState
+    from trainer.reporting.steplog import RunLog
+    from trainer.runtime.pipeline import Pipeline
+    from trainer.runtime.run import set_threads_for_cpu
+    from trainer.runtime.setup import build_run
+    from trainer.runtime.warmup import warm_up
 
     set_threads_for_cpu(cfg)
     state = RunState("harness")

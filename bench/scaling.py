@@ -144,7 +144,7 @@ def _target_info_27b() -> Any:
     from make_bench_target_qwen36 import NUM_LAYERS, TEXT, hybrid_layer_types
     from transformers import Qwen3_5TextConfig
 
-    from trainer.target import _target_info
+    from trainer.targets.load import _target_info
 
     c = Qwen3_5TextConfig(
         **TEXT, num_hidden_layers=NUM_LAYERS, layer_types=hybrid_layer_types(NUM_LAYERS)
@@ -156,21 +156,21 @@ def _target_info_8b() -> Any:
     """The 8B bench target's shape, as bench/make_bench_target.py builds it."""
     from make_bench_target import qwen3_8b_config  # bench/, beside this file
 
-    from trainer.target import _target_info
+    from trainer.targets.load import _target_info
 
     return _target_info(qwen3_8b_config())
 
 
 def workload(config: Path, info: Any) -> Workload:
     """The drafter built on the meta device from the config and the target's shape, as
-    trainer/setup.py build_run builds it (drafter_arch, DFlashDrafter)."""
+    trainer/runtime/setup.py build_run builds it (drafter_arch, DFlashDrafter)."""
     import gpu_bench
     import torch
 
     from trainer.config import load_config
-    from trainer.model import DFlashDrafter
-    from trainer.setup import drafter_arch
-    from trainer.target import default_target_layer_ids
+    from trainer.model.drafter import DFlashDrafter
+    from trainer.runtime.setup import drafter_arch
+    from trainer.targets.load import default_target_layer_ids
 
     cfg = load_config(config)
     n = cfg.drafter.num_layers
@@ -213,9 +213,10 @@ def workload(config: Path, info: Any) -> Workload:
 
 
 def message_bytes(w: Workload) -> dict[str, int]:
-    """trainer/rank_transfer.py FeatureSender.send: header (HEADER int64), the ints (receive's
+    """trainer/distributed/transfer.py FeatureSender.send: header (HEADER int64), the ints
+    (receive's
     n_ints int64), the loss mask (float32), the features (bf16 on a GPU: the target's dtype)."""
-    from trainer.rank_transfer import HEADER
+    from trainer.distributed.transfer import HEADER
 
     B, L, N = w.batch, w.seq, w.anchors
     n_ints = B * L + B + 2 * B * N + (2 * B * L if w.packed else 0)
@@ -227,7 +228,7 @@ def message_bytes(w: Workload) -> dict[str, int]:
     }
 
 
-# -- routing: exact, by trainer/ranks.py RankLayout ----------------------------------------
+# -- routing: exact, by trainer/distributed/layout.py RankLayout
 @dataclass(frozen=True)
 class Routes:
     T: int
@@ -237,9 +238,9 @@ class Routes:
 
 
 def routes(nodes: int) -> Routes:
-    """Batch g goes target g % T -> replica g % D (trainer/rank_pipeline.py); ranks to nodes
+    """Batch g goes target g % T -> replica g % D (trainer/distributed/pipeline.py); ranks to nodes
     by RankLayout.target_rank / drafter_rank. One period of lcm(T, D) batches is exact."""
-    from trainer.ranks import RankLayout
+    from trainer.distributed.layout import RankLayout
 
     T, D = nodes * T_PER_NODE, nodes * D_PER_NODE
     lay = RankLayout(0, T + D, 0, T, D, "auto", nodes)
@@ -303,7 +304,7 @@ def render() -> str:
                 "target layers read",
                 ", ".join(map(str, w.layer_ids)),
                 "derived",
-                "`default_target_layer_ids(64, 5)` (trainer/target.py); the toml sets none",
+                "`default_target_layer_ids(64, 5)` (trainer/targets/load.py); the toml sets none",
             ],
             [
                 "target hidden size",
@@ -316,7 +317,8 @@ def render() -> str:
                 "drafter trainable parameters",
                 f"{w.trainable / 1e9:.3f} B",
                 "derived",
-                "`DFlashDrafter` built on the meta device (trainer/model.py, setup.drafter_arch)",
+                "`DFlashDrafter` built on the meta device"
+                " (trainer/model/drafter.py, setup.drafter_arch)",
             ],
             [
                 "gradient dtype in the all_reduce",
@@ -368,7 +370,7 @@ def render() -> str:
         ],
     )
 
-    out += ["", "### 2. One batch on the wire (four messages, trainer/rank_transfer.py)", ""]
+    out += ["", "### 2. One batch on the wire (four messages, trainer/distributed/transfer.py)", ""]
     rows = [[k, fmt(v), f"{v / tok:,.1f}"] for k, v in msg.items()]
     rows.append(["**total**", f"**{fmt(batch_bytes)}**", f"**{per_tok:,.1f}**"])
     out += table(["message", "bytes a batch", "bytes a token"], rows)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/tokenize_bench.py [builtin:synthetic-sharegpt] [--workers N]
 
 1. `load_samples`, one process (the reference).
-2. trainer/tokenized.py's forked workers: every step of a line (JSON, chat template,
+2. trainer/data/tokenized.py's forked workers: every step of a line (JSON, chat template,
    encode, loss mask) runs in N processes.
 3. The fast tokenizer's batch encode (Rust, multithreaded) of the rendered chats, against
    encoding them one at a time as `_chat_sample` does: only the encode step is parallel, the
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.data import ROLE_ALIASES, load_samples, resolve_data_path
-from trainer.tiny_target import build_tokenizer
-from trainer.tokenized import auto_workers, count_lines, parse_in_workers
+from trainer.builtins.resolve import resolve_data_path
+from trainer.data.samples import ROLE_ALIASES, load_samples
+from trainer.data.tokenized import auto_workers, count_lines, parse_in_workers
+from trainer.targets.tiny import build_tokenizer
 
 
 def timed(label: str, fn: Callable[[], object]) -> object:

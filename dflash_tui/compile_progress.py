@@ -1,7 +1,7 @@
 """What the compiling phase says while it lasts: graphs done of expected, the graph under
 way and for how long, and what the same graphs took the last time.
 
-From the heartbeat's `compile` (trainer/compile_watch.py: `current`, `current_since`,
+From the heartbeat's `compile` (trainer/runtime/compile/progress.py: `current`, `current_since`,
 `done`, `expected`, `last_s`, `last_cache`). The graphs come from `compile`, not from
 `phase_progress`: the target's weights load on their own thread during compiling, and the
 loader's per-device count lands in the phase's progress too (tests/fixtures/heartbeats).

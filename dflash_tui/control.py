@@ -118,7 +118,7 @@ async def deploy(
     return data
 
 
-# -- compile-cache artifacts (trainer/compile_artifacts.py) ----------------------------------
+# -- compile-cache artifacts (trainer/runtime/compile/artifacts.py)
 def local_artifacts_dir() -> Path:
     """Where the monitor keeps the artifacts it pulled, to ship with deploy."""
     base = os.environ.get("DFLASH_CACHE_DIR") or os.path.join(

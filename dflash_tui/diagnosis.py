@@ -1180,7 +1180,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     for i in range(len(q.pre_cap)):
         if not q.every(0, lambda d, c: d >= c * cfg.queue_full_frac, i):
             continue
-        # q_pre[i] feeds thread target-i (trainer/pipeline.py); else the i-th target thread.
+        # q_pre[i] feeds thread target-i (trainer/runtime/pipeline.py); else the i-th target thread.
         th = by_name.get(f"target-{i}") or (threads[i] if i < len(threads) else None)
         if th is not None and th.state == WAIT_HS_FULL:
             continue
@@ -1481,7 +1481,7 @@ def _slow_action(hb: Heartbeat, key: str) -> str:
 
 def _slower_compile(s: Store, hb: Heartbeat, now: float, cfg: DiagnosisConfig) -> list[Finding]:
     """No earlier comparable run in the runs list (another run root, or they were deleted),
-    but the compile cache remembers what the same graphs took (trainer/compile_watch.py):
+    but the compile cache remembers what the same graphs took (trainer/runtime/compile/progress.py):
     compiling against that, with the same factor and margin."""
     last = hb.compile.last_s
     if not compile_progress.reported(hb) or last is None or not hb.phase_started_at:
@@ -1814,7 +1814,7 @@ def slow_kernels(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     """The target runs transformers' reference PyTorch code for a layer type whose fast
     kernels are missing (Gated DeltaNet without fla; causal-conv1d is optional: transformers logs
     a warning), or an installed fast kernel failed its tiny call on the GPU. From the
-    trainer's preflight (trainer/preflight.py); a CPU run's torch path is no finding."""
+    trainer's preflight (trainer/targets/preflight.py); a CPU run's torch path is no finding."""
     pf = _preflight(s)
     if pf is None or not pf.device.startswith("cuda"):
         return []

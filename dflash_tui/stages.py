@@ -1,6 +1,6 @@
 """Where each pipeline thread's loop spends its time, from the heartbeat's stage times.
 
-The trainer writes `ThreadInfo.stages_ms` (trainer/stages.py): per pipeline thread, the
+The trainer writes `ThreadInfo.stages_ms` (trainer/reporting/stages.py): per pipeline thread, the
 moving median of each stage's ms per iteration of its loop (one batch for a prefetch or
 target thread, one step for a drafter), so the medians add up to about the loop's period.
 JSON sorts their keys: every view puts them back in the loop's order here, with the

@@ -43,7 +43,7 @@ def dflash_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
 @pytest.fixture(scope="session")
 def tiny_target_dir(dflash_cache_dir: Path) -> Path:
     """The builtin tiny Qwen3 target, built once per session into the redirected cache."""
-    from trainer.tiny_target import resolve_target_path
+    from trainer.builtins.resolve import resolve_target_path
 
     return resolve_target_path("builtin:tiny-qwen3")
 
@@ -64,9 +64,9 @@ def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFac
     import shutil
     import tempfile
 
+    from trainer.builtins.tiny_chat import ANSWERS
     from trainer.contract.heartbeat import Heartbeat, read_heartbeat
-    from trainer.tiny_chat_target import ANSWERS
-    from trainer.tiny_target import BUILTIN_TARGETS
+    from trainer.targets.tiny import BUILTIN_TARGETS
 
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache"
@@ -114,7 +114,7 @@ def tiny_chat_ready(dflash_cache_dir: Path, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="session")
 def tiny_hybrid_target_dir(dflash_cache_dir: Path) -> Path:
     """The builtin tiny Qwen3.5 hybrid target, saved as the multimodal wrapper."""
-    from trainer.tiny_target import resolve_target_path
+    from trainer.builtins.resolve import resolve_target_path
 
     return resolve_target_path("builtin:tiny-qwen3.5")
 
@@ -122,7 +122,7 @@ def tiny_hybrid_target_dir(dflash_cache_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_hybrid_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny hybrid saved text-only (`Qwen3_5ForCausalLM`)."""
-    from trainer.tiny_target import build_tiny_target
+    from trainer.targets.tiny import build_tiny_target
 
     out = tmp_path_factory.mktemp("hybrid-text") / "tiny-qwen3.5-text"
     return build_tiny_target(out, family="qwen3.5-text")
@@ -130,7 +130,7 @@ def tiny_hybrid_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    from trainer.tiny_target import build_tokenizer
+    from trainer.targets.tiny import build_tokenizer
 
     return build_tokenizer()
 

@@ -2,9 +2,9 @@
 
     python -m trainer --config trainer/configs/tiny-cpu.toml --run-root runs [--max-steps N]
     python -m trainer --resume runs/<run_id> [--set train.max_steps=2000]
-    python -m trainer export runs/<run_id> --out DIR [--step N]   (trainer/export_cli.py)
-    python -m trainer eval runs/<run_id> [--step N] [--prompts K]  (trainer/eval_cli.py)
-    python -m trainer regenerate --config CFG --out FILE.jsonl      (trainer/regenerate_cli.py)
+    python -m trainer export runs/<run_id> --out DIR [--step N]   (trainer/commands/export.py)
+    python -m trainer eval runs/<run_id> [--step N] [--prompts K]  (trainer/commands/eval.py)
+    python -m trainer regenerate --config CFG --out FILE.jsonl      (trainer/commands/regenerate.py)
 
 Exit codes: 0 finished (or stopped by SIGTERM after a checkpoint), 1 crashed, 2 bad input.
 """
@@ -21,8 +21,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainer.cli_args import OneLineParser
-from trainer.compile_cache import configure_compile_cache
+from trainer.commands.args import OneLineParser
 from trainer.config import (
     Config,
     ConfigError,
@@ -33,7 +32,8 @@ from trainer.config import (
     show_path,
 )
 from trainer.fsutil import atomic_write_json
-from trainer.run_dir import create_run_dir, is_run_dir
+from trainer.runtime.compile.cache import configure_compile_cache
+from trainer.runtime.run_dir import prepare_run_dir
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,7 +99,7 @@ def read_saved_config(parent: Path) -> Any:
 def resume_checkpoint(run_dir: Path) -> Path:
     """The run's newest good checkpoint (trainer/contract/checkpoints.py's rule); the ones
     passed over are said on stderr, and none good is bad input."""
-    from trainer.checkpoint import choose_good_checkpoint
+    from trainer.model.checkpoint import choose_good_checkpoint
 
     where = f"--resume {show_path(run_dir)}"
     try:
@@ -117,44 +117,29 @@ def resume_checkpoint(run_dir: Path) -> Path:
     return checkpoint
 
 
-def prepare_run_dir(args: argparse.Namespace, cfg: Config) -> Path:
-    if args.run_dir is None:
-        try:
-            return create_run_dir(args.run_root, cfg.name)
-        except OSError as e:
-            why = e.strerror or str(e)
-            raise ConfigError(f"--run-root {show_path(args.run_root)}: {why}") from None
-    run_dir: Path = args.run_dir
-    where = f"--run-dir {show_path(run_dir)}"
-    if is_run_dir(run_dir):
-        raise ConfigError(f"{where}: already holds a run (run dirs are never reused)")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"{where}: exists and is not a directory")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot create it ({e.strerror or e})") from None
-    return run_dir
-
-
 def exec_torchrun(cfg: Config, argv: list[str]) -> NoReturn:
     """This process becomes torchrun with one rank per role on this host: `--standalone`, or
-    one node of a multi-host job (trainer/rank_nodes.py)."""
+    one node of a multi-host job (trainer/distributed/nodes.py)."""
     ranks = len(cfg.runtime.targets) + len(cfg.runtime.drafters)
     # A builtin target or dataset not in the cache yet is built here, once, before the
     # ranks start: four ranks building it at once collided on a cold cache (one read the
     # folder as another renamed its build into place).
     if cfg.target.path.startswith("builtin:"):
-        from trainer.tiny_target import resolve_target_path
+        from trainer.builtins.resolve import resolve_target_path
 
         resolve_target_path(cfg.target.path)
     if cfg.data.path.startswith("builtin:"):
-        from trainer.data import resolve_data_path
+        from trainer.builtins.resolve import resolve_data_path
 
         resolve_data_path(cfg.data.path)
-    from trainer.rank_nodes import torchrun_node_args
+    from trainer.distributed.nodes import torchrun_node_args
 
-    cmd = [sys.executable, "-m", "trainer.torchrun_job", *torchrun_node_args(os.environ)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.distributed.torchrun_job",
+        *torchrun_node_args(os.environ),
+    ]
     cmd += ["--nproc-per-node", str(ranks), "-m", "trainer", *argv]
     print(f"processes mode: {ranks} ranks under torchrun", flush=True)
     os.execv(sys.executable, cmd)
@@ -163,15 +148,15 @@ def exec_torchrun(cfg: Config, argv: list[str]) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
-        from trainer.export_cli import main as export_main
+        from trainer.commands.export import main as export_main
 
         return export_main(argv[1:])
     if argv[:1] == ["eval"]:
-        from trainer.eval_cli import main as eval_main
+        from trainer.commands.eval import main as eval_main
 
         return eval_main(argv[1:])
     if argv[:1] == ["regenerate"]:
-        from trainer.regenerate_cli import main as regenerate_main
+        from trainer.commands.regenerate import main as regenerate_main
 
         return regenerate_main(argv[1:])
     args = parse_args(argv)
@@ -184,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = resume_checkpoint(args.resume)
             meta["checkpoint"] = str(checkpoint.resolve())
         processes = cfg.runtime.mode == "processes"
-        if not processes:  # a torchrun job's run dir is made by one rank (trainer/ranks.py)
-            run_dir = prepare_run_dir(args, cfg)
+        if (
+            not processes
+        ):  # a torchrun job's run dir is made by one rank (trainer/distributed/layout.py)
+            run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)
     except ConfigError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
@@ -200,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, ConfigError) as e:  # a bad builtin or node variable: one line
                 print(f"error: {one_line(str(e))}", file=sys.stderr)
                 return 2
-        from trainer.rank_run import main_processes  # imports torch, as run_training does
+        from trainer.distributed.run import main_processes  # imports torch, as run_training does
 
         return main_processes(args, cfg, meta)
 
@@ -215,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(run_dir / "config.json", {**cfg.to_dict(), "run": meta})
     print(f"run dir: {run_dir}", flush=True)
 
-    from trainer.run import run_training  # imports torch: after the cache is configured
+    from trainer.runtime.run import run_training  # imports torch: after the cache is configured
 
     return run_training(cfg, run_dir, meta, checkpoint)
 

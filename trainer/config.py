@@ -64,11 +64,11 @@ class DataConfig:
     seq_buckets: list[int] = field(default_factory=lambda: [2048])
     # Samples longer than the largest bucket are truncated to it.
     shuffle: bool = True
-    # Pack several documents into each row (trainer/packing.py), none seeing another; false
+    # Pack several documents into each row (trainer/data/packing.py), none seeing another; false
     # pads each sample to its own bucket row (most of a row is padding on chat data).
     packing: bool = True
     # Tokenized samples are cached on disk, keyed by the data's content, the tokenizer, the
-    # format, the largest bucket and the tokenizing code (trainer/tokenized.py).
+    # format, the largest bucket and the tokenizing code (trainer/data/tokenized.py).
     cache: bool = True
     # Samples never trained on, for held-out evaluation (`python -m trainer eval`): the N
     # with the smallest sample ids (a hash of their tokens), so the split does not depend
@@ -133,7 +133,7 @@ class RuntimeConfig:
     wandb_project: str = "dflash"
     # "threads": every role a thread of one process. "processes": one process per role,
     # started by torchrun (`python -m torch.distributed.run --nproc-per-node T+D -m trainer
-    # ...`): ranks 0..T-1 are the targets, T..T+D-1 the drafters (trainer/ranks.py).
+    # ...`): ranks 0..T-1 are the targets, T..T+D-1 the drafters (trainer/distributed/layout.py).
     mode: str = "threads"
     # processes mode: how long any collective or feature transfer may wait before the rank
     # gives up (init_process_group's timeout), so no rank blocks forever on a lost peer.
@@ -144,7 +144,7 @@ class RuntimeConfig:
 class EvalConfig:
     # Every N optimizer steps (and at the last), the eval thread decodes held-out prompts
     # speculatively (the drafter of that step proposes, the whole target verifies) and
-    # reports the acceptance length τ (trainer/online_eval.py). 0 = never; needs
+    # reports the acceptance length τ (trainer/evaluation/online.py). 0 = never; needs
     # data.held_out samples to take the prompts from. Training never waits for it: an eval
     # due while the last one still runs is skipped and counted.
     every: int = 0

@@ -1,4 +1,5 @@
-"""Portable compile-cache artifacts in and out of a host, in chunks (trainer/compile_artifacts.py
+"""Portable compile-cache artifacts in and out of a host, in chunks
+(trainer/runtime/compile/artifacts.py
 says what they are).
 
 pull: `<compile cache>/artifacts/NAME`, saved by a GPU run's warm-up, read in chunks.
@@ -23,7 +24,7 @@ from dflash_tui.agent.files import SAFE_NAME, Refused, open_dir, open_in
 from trainer.contract.protocol import ARTIFACT_CHUNK, PullArtifacts, PushArtifacts
 
 SHIPPED_DIR = "compile-artifacts"  # under the remote dir
-MAX_BYTES = 1 << 30  # trainer/compile_artifacts.py loads nothing larger
+MAX_BYTES = 1 << 30  # trainer/runtime/compile/artifacts.py loads nothing larger
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _WRITE = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # read back to hash it
 

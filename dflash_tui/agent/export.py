@@ -1,6 +1,6 @@
 """`export`: the trainer's own `python -m trainer export` run on the host, from the deployed
 release, into `<remote dir>/exports/<run id>-step-<N>-<dtype>`: the drafter as SpecForge and
-SGLang load it (trainer/export.py). The step is the run's newest good checkpoint by the
+SGLang load it (trainer/evaluation/export.py). The step is the run's newest good checkpoint by the
 contract's rule (agent/resume.py) unless one is named; the trainer refuses an existing
 folder, so an export is never overwritten."""
 

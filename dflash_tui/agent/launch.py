@@ -34,7 +34,7 @@ from trainer.contract.records import (
 )
 
 AGENT_FILE = "dflash_agent.py"  # the agent bundle in a release (deploy writes it)
-ARTIFACTS_ENV = "DFLASH_COMPILE_ARTIFACTS"  # trainer/compile_artifacts.py reads it
+ARTIFACTS_ENV = "DFLASH_COMPILE_ARTIFACTS"  # trainer/runtime/compile/artifacts.py reads it
 
 
 def release_dir(remote_dir: str) -> str:
@@ -59,7 +59,7 @@ def launch(
     """`resume`: continue that run's checkpoint (`--resume` its run dir: the trainer applies
     the same rule to the same files, and continues the step counter, LR and data order).
     `node`: one host of a job over several: the run dir is `node.run_id` (refused if it is
-    there), and the trainer's environment names its place (trainer/rank_nodes.py)."""
+    there), and the trainer's environment names its place (trainer/distributed/nodes.py)."""
     if resume is not None and resume.name is None:
         resume = None  # no good checkpoint: a fresh start
     release = release_dir(remote_dir)

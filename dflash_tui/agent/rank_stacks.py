@@ -1,9 +1,11 @@
 """dump-stacks of a processes-mode job: every rank's stacks, each headed by its rank.
 
-The agent signals only the proven run process, the launcher (trainer/torchrun_job.py); it
-passes SIGUSR1/SIGUSR2 on to its own children that are ranks (trainer/rank_signals.py).
+The agent signals only the proven run process, the launcher (trainer/distributed/torchrun_job.py);
+it
+passes SIGUSR1/SIGUSR2 on to its own children that are ranks (trainer/distributed/signals.py).
 Each rank writes its dump into its own dir: the writer rank into the run dir, rank R into
-ranks/rank-R/ (trainer/ranks.py `rank_dir`). Which ranks there are, and what each is, come
+ranks/rank-R/ (trainer/distributed/layout.py `rank_dir`). Which ranks there are, and what each is,
+come
 from the heartbeat-rank{R}.json files, read through the contract (bounded, no symlink).
 Nothing here signals a pid read from a file.
 """
@@ -29,7 +31,7 @@ from trainer.contract.records import read_config
 RANK_BYTES = 1 << 18  # of one rank's dump: a few KB of Python stacks, bounded anyway
 RANK_WAIT_S = 4.0  # every rank's named dump (a loaded host with many ranks answers later)
 RESEND_S = 0.8  # a SIGUSR1 swallowed by a native library: the rank's guard puts ours back
-FALLBACK_FILE = "stacks-sigusr2.txt"  # trainer/signals.py: faulthandler's, appended to
+FALLBACK_FILE = "stacks-sigusr2.txt"  # trainer/runtime/signals.py: faulthandler's, appended to
 
 
 @dataclasses.dataclass(frozen=True)

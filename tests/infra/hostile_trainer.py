@@ -1,7 +1,7 @@
 """A live process that writes a hostile run dir: a heartbeat whose strings (error, thread
 names, states and roles, stage names, a GPU name) are the text in argv[2], refreshed every
 0.5 s,
-and the trainer's own SIGUSR1 stack dump (trainer/signals.py) with a thread of that name.
+and the trainer's own SIGUSR1 stack dump (trainer/runtime/signals.py) with a thread of that name.
 
     python tests/infra/hostile_trainer.py RUN_DIR TEXT_FILE HEARTBEAT_SEED
 
@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.signals import SignalHandlers
+from trainer.runtime.signals import SignalHandlers
 
 
 def proc_start() -> int:

@@ -3,7 +3,8 @@
     PYTHONPATH=. .venv/bin/python tests/infra/record_heartbeats.py [--out DIR]
 
 Two runs of the tiny CPU config with their own compile cache (a temporary folder): the
-first, short, leaves the cache's history (trainer/compile_watch.py); the second starts with
+first, short, leaves the cache's history (trainer/runtime/compile/progress.py); the second starts
+with
 DFLASH_FAULT=slow:compile:S, so its compiling phase lasts S s instead of a blink (the CPU path
 does not torch.compile). From the second run's dir, as its trainer wrote them:
 

@@ -6,7 +6,7 @@ demo config, whose config.json and heartbeat carry what the real trainer wrote),
 old run dirs of tests/fixtures/rundirs (no fingerprint at all). What each test edits is
 said where it does; a GPU run cannot be recorded here, so the slow-path record is made by
 the real preflight function with the device "cuda:0" given at its boundary
-(trainer/preflight.py), and put into the recorded heartbeat.
+(trainer/targets/preflight.py), and put into the recorded heartbeat.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def hybrid_on_gpu(tmp_path_factory) -> Preflight:
     own modeling module resolved the torch fallbacks. Only the device string is simulated."""
     from transformers import Qwen3_5TextConfig
 
-    from trainer.preflight import run_preflight
+    from trainer.targets.preflight import run_preflight
 
     d = tmp_path_factory.mktemp("qwen3_5")
     (d / "config.json").write_text(

@@ -1,5 +1,5 @@
 """Held-out τ from the real eval thread, end to end: a real CPU run of the demo config that
-evaluates every 10 steps (trainer/online_eval.py), then what `dflash-tui status` (the line
+evaluates every 10 steps (trainer/evaluation/online.py), then what `dflash-tui status` (the line
 and `--json`), `dflash-tui runs` and the TUI, each through the real agent, show of it."""
 
 from __future__ import annotations

@@ -142,8 +142,8 @@ def test_checkpoint_use_refuses_a_symlinked_checkpoint(tmp_path: Path) -> None:
 
 # -- the schedule the disk must hold -----------------------------------------------------------
 def trainer_schedule(newest: int, every: int, total: int) -> list[int]:
-    """The steps the trainer checkpoints at after `newest`: trainer/pipeline.py's rule
-    (`every and step % every == 0 and not last`) and the final one (trainer/run.py)."""
+    """The steps the trainer checkpoints at after `newest`: trainer/runtime/pipeline.py's rule
+    (`every and step % every == 0 and not last`) and the final one (trainer/runtime/run.py)."""
     return [s for s in range(newest + 1, total + 1) if (every and s % every == 0) or s == total]
 
 

@@ -313,7 +313,7 @@ def test_the_filter_is_a_case_insensitive_regex_over_the_dashboard_with_its_coun
 
 
 def test_long_lines_scroll_sideways_or_wrap():
-    where = 'File "/workspace/dflash/trainer/pipeline.py", '
+    where = 'File "/workspace/dflash/trainer/runtime/pipeline.py", '
     traceback = "  " + where + "x" * 60 + ", line 314, in _drafter_loop"
 
     async def go():

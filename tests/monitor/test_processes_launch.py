@@ -1,5 +1,6 @@
 """Processes mode (issue 17) on the operator's path: `dflash-tui launch` of a config with
-`runtime.mode = "processes"` starts a torchrun job (the trainer execs trainer/torchrun_job.py,
+`runtime.mode = "processes"` starts a torchrun job (the trainer execs
+trainer/distributed/torchrun_job.py,
 keeping the pid the wrapper recorded), `status` reads the job's heartbeat, `kill` stops every
 rank at one step with a checkpoint and says so, and `restart` resumes it in processes mode."""
 
@@ -66,10 +67,10 @@ def test_launch_status_kill_and_restart_a_processes_mode_job(tmp_path):
         # The pid the wrapper recorded (the one every signal is proven against) is the job's
         # torchrun: the trainer exec'd it, keeping its pid and start time.
         recorded = Path(f"/proc/{launch['pid']}/cmdline").read_bytes().split(b"\0")
-        assert b"trainer.torchrun_job" in recorded, recorded
+        assert b"trainer.distributed.torchrun_job" in recorded, recorded
 
         # dump-stacks: the launcher (the proven pid) passes SIGUSR1 on to its ranks
-        # (trainer/rank_signals.py); every rank's stacks come back, headed by the rank, and
+        # (trainer/distributed/signals.py); every rank's stacks come back, headed by the rank, and
         # the job trains on (SIGUSR1's default action used to end torchrun here).
         d = cli("dump-stacks", *where, "--no-pyspy")
         assert d.returncode == 0, d.stderr

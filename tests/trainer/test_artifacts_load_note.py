@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.compile_artifacts import describe_loaded
+from trainer.runtime.compile.artifacts import describe_loaded
 
 
 def test_the_note_counts_the_entries_torch_loaded(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.attention import attend, dense_dflash_mask, make_block_mask, make_dense_mask
+from trainer.model.attention import attend, dense_dflash_mask, make_block_mask, make_dense_mask
 
 
 def reference_mask(anchors: list[list[int]], keep: list[list[bool]], ctx: int, bs: int):
@@ -120,7 +120,7 @@ def test_the_structural_block_mask_covers_exactly_what_the_rule_allows(seed, pac
     """The tiles built from the mask's structure: every tile holding an allowed pair is
     visited, a tile marked full holds only allowed pairs, and the attention equals SDPA's
     with the dense mask."""
-    from trainer.attention import FLEX_TILE, dflash_tiles
+    from trainer.model.attention import FLEX_TILE, dflash_tiles
 
     bs = 16
     anchors, keep, ctx, doc_ids = _case(seed, packed)

@@ -29,8 +29,8 @@ from trainer.config import (
     check_target_fit,
     load_config,
 )
-from trainer.data import DataError, load_samples
-from trainer.target import default_target_layer_ids
+from trainer.data.samples import DataError, load_samples
+from trainer.targets.load import default_target_layer_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"

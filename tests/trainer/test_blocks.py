@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.blocks import (
+from trainer.model.blocks import (
     block_labels_and_weights,
     block_positions,
     block_token_ids,

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from trainer import checkpoint as ck
-from trainer.checkpoint import (
+from trainer.model import checkpoint as ck
+from trainer.model.checkpoint import (
     CheckpointWriter,
     TrainPosition,
     choose_good_checkpoint,

@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from trainer.compile_watch import CompileHistory, compile_signature, watch_compiles
-from trainer.runstate import RunState
+from trainer.reporting.runstate import RunState
+from trainer.runtime.compile.progress import CompileHistory, compile_signature, watch_compiles
 
 
 def test_each_forward_and_backward_compile_is_counted_and_named_while_it_runs():

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from trainer.data import (
+from trainer.builtins.resolve import resolve_data_path
+from trainer.data.samples import (
     DataError,
     LoadReport,
     Sample,
@@ -20,7 +21,6 @@ from trainer.data import (
     epoch_batches,
     load_samples,
     pick_bucket,
-    resolve_data_path,
 )
 
 CONVERSATION = [

@@ -6,13 +6,13 @@ import pytest
 import torch
 from tiny_drafter import tiny_drafter
 
-from trainer.attention import DenseMask, dense_dflash_mask
-from trainer.blocks import block_labels_and_weights, block_positions, block_token_ids
-from trainer.data import Batch
-from trainer.draft import draft_block_logits
-from trainer.model import DFlashDrafter, DrafterArch
-from trainer.step import BlockBatch, drafter_hidden
-from trainer.target import default_target_layer_ids, load_target, load_tokenizer
+from trainer.data.samples import Batch
+from trainer.evaluation.draft import draft_block_logits
+from trainer.model.attention import DenseMask, dense_dflash_mask
+from trainer.model.blocks import block_labels_and_weights, block_positions, block_token_ids
+from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.model.step import BlockBatch, drafter_hidden
+from trainer.targets.load import default_target_layer_ids, load_target, load_tokenizer
 
 BS = 8
 

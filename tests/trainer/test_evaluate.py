@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.data import Sample
-from trainer.held_out import sample_id, split_held_out
+from trainer.data.held_out import sample_id, split_held_out
+from trainer.data.samples import Sample
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"

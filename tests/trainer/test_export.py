@@ -20,12 +20,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.attention import dense_dflash_mask, make_dense_mask
-from trainer.blocks import block_positions, block_token_ids
-from trainer.checkpoint import load_checkpoint
-from trainer.export import ExportError, check_draft_config, warm_start
-from trainer.model import DFlashDrafter, DrafterArch
-from trainer.target import LoadedTarget, load_target, read_target_info
+from trainer.evaluation.export import ExportError, check_draft_config, warm_start
+from trainer.model.attention import dense_dflash_mask, make_dense_mask
+from trainer.model.blocks import block_positions, block_token_ids
+from trainer.model.checkpoint import load_checkpoint
+from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.targets.load import LoadedTarget, load_target, read_target_info
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"

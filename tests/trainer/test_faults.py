@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import TINY_CONFIG
 from trainer.config import load_config
-from trainer.faults import FaultPlan
-from trainer.optim import lr_at
+from trainer.model.optim import lr_at
+from trainer.runtime.faults import FaultPlan
 
 
 def test_the_grammar():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.attention import attend, make_block_mask, make_dense_mask
+from trainer.model.attention import attend, make_block_mask, make_dense_mask
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -46,7 +46,7 @@ def test_flex_and_sdpa_agree_forward_and_backward(dtype):
 
 @cuda
 def test_compiled_chunk_loss_equals_the_plain_loss_on_gpu():
-    from trainer.loss import dflash_loss
+    from trainer.model.loss import dflash_loss
 
     g = torch.Generator(device="cuda").manual_seed(1)
     V, H, bs = 32000, 256, 16
@@ -117,8 +117,8 @@ def test_target_stream_trains_like_the_shared_stream(tmp_path):
 def test_packed_hybrid_forward_with_fla_equals_each_document_alone(tiny_hybrid_target_dir):
     """fla's conv and delta rule, given the documents' cu_seqlens, restart at every
     document: the packed row's features equal each document's own forward (fp32)."""
-    from trainer.target import default_target_layer_ids, load_target, read_target_info
-    from trainer.target_packing import fla_available
+    from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
+    from trainer.targets.packing import fla_available
 
     if not fla_available():
         pytest.skip("flash-linear-attention is not installed")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.loss import dflash_loss
+from trainer.model.loss import dflash_loss
 
 V, H, BS = 97, 24, 4
 

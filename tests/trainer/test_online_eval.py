@@ -34,9 +34,9 @@ def test_the_verifying_target_is_the_checkpoint_and_shares_the_training_tensors(
 ):
     from transformers import AutoModelForCausalLM
 
-    from trainer.target import load_target
-    from trainer.tiny_target import resolve_target_path
-    from trainer.whole_target import whole_target
+    from trainer.builtins.resolve import resolve_target_path
+    from trainer.targets.load import load_target
+    from trainer.targets.whole import whole_target
 
     path = resolve_target_path(builtin)
     loaded = load_target(path, [1, 4], torch.float32, torch.device("cpu"))  # 5 of 8 layers
@@ -61,9 +61,9 @@ def test_the_verifying_target_reads_a_sharded_checkpoint(tmp_path, dflash_cache_
     layers are found in whichever shard holds them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.target import load_target
-    from trainer.tiny_target import resolve_target_path
-    from trainer.whole_target import whole_target
+    from trainer.builtins.resolve import resolve_target_path
+    from trainer.targets.load import load_target
+    from trainer.targets.whole import whole_target
 
     source = resolve_target_path("builtin:tiny-qwen3")
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -86,9 +86,9 @@ def test_a_checkpoint_cut_to_the_trained_layers_is_refused_by_name(tmp_path, dfl
     cannot verify: the eval names the missing layer instead of running on random weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.target import load_target
-    from trainer.tiny_target import resolve_target_path
-    from trainer.whole_target import whole_target
+    from trainer.builtins.resolve import resolve_target_path
+    from trainer.targets.load import load_target
+    from trainer.targets.whole import whole_target
 
     source = resolve_target_path("builtin:tiny-qwen3")
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -154,7 +154,7 @@ def test_the_chat_targets_first_build_shows_its_progress_in_the_heartbeat(tiny_c
     """Built by a real trainer run of the demo config on an empty cache: `starting` counts
     the target's training steps, then the answers, in the heartbeat's phase_progress (what
     the TUI and the headless line show during the ~1.5 minutes)."""
-    from trainer.tiny_chat_target import STEPS, UNIT_ANSWERS, UNIT_TRAIN
+    from trainer.builtins.tiny_chat import STEPS, UNIT_ANSWERS, UNIT_TRAIN
 
     seen = tiny_chat_ready.progress
     if not seen:

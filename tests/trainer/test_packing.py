@@ -9,16 +9,17 @@ import pytest
 import torch
 from tiny_drafter import tiny_drafter
 
-from trainer.blocks import sample_anchors
-from trainer.data import Batch, Sample, load_samples, resolve_data_path
-from trainer.packing import (
+from trainer.builtins.resolve import resolve_data_path
+from trainer.data.packing import (
     collate_packs,
     epoch_pack_batches,
     packed_batches_per_epoch,
     plan_packs,
 )
-from trainer.step import BlockBatch, LossSettings, drafter_loss
-from trainer.target import (
+from trainer.data.samples import Batch, Sample, load_samples
+from trainer.model.blocks import sample_anchors
+from trainer.model.step import BlockBatch, LossSettings, drafter_loss
+from trainer.targets.load import (
     default_target_layer_ids,
     load_target,
     load_tokenizer,
@@ -195,7 +196,7 @@ def test_loss_weights_end_at_the_document() -> None:
 
     samples = [Sample([5] * 4, [1] * 4), Sample([6] * 4, [1] * 4)]
     batch = collate_packs(samples, [[0, 1]], 8, 0, 0)
-    from trainer.blocks import block_labels_and_weights
+    from trainer.model.blocks import block_labels_and_weights
 
     anchors = torch.tensor([[2]])
     keep = torch.tensor([[True]])
@@ -209,7 +210,7 @@ def test_loss_weights_end_at_the_document() -> None:
 def test_flex_and_dense_masks_agree_on_a_pack() -> None:
     from torch.nn.attention.flex_attention import create_mask
 
-    from trainer.attention import dense_dflash_mask, dflash_mask_mod
+    from trainer.model.attention import dense_dflash_mask, dflash_mask_mod
 
     samples = [Sample([1] * n, [1] * n) for n in (5, 9, 3, 7)]
     batch = collate_packs(samples, [[0, 1], [2, 3]], 16, 0, 0)

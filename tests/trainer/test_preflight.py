@@ -1,4 +1,4 @@
-"""The fast-kernel preflight and the environment fingerprint (trainer/preflight.py).
+"""The fast-kernel preflight and the environment fingerprint (trainer/targets/preflight.py).
 
 What is real here: transformers 5.x as installed, its Qwen3.5 modeling module and the kernel
 functions it resolved at import (fla and causal-conv1d are not installed on this machine, so
@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 from trainer.contract.environment import FAST, MISSING, SLOW, TORCH, read_environment
 from trainer.contract.heartbeat import Heartbeat, parse_heartbeat
 from trainer.contract.records import read_config
-from trainer.preflight import (
+from trainer.targets.preflight import (
     environment,
     layer_counts,
     modeling_module,

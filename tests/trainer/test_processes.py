@@ -283,7 +283,7 @@ def test_the_mode_keys_have_rules(override, said):
     ],
 )
 def test_ranks_that_share_a_gpu_are_seen_so_nccl_is_not_chosen_for_them(devices, shared):
-    from trainer.ranks import shares_a_gpu
+    from trainer.distributed.layout import shares_a_gpu
 
     assert shares_a_gpu(devices) is shared
 
@@ -362,7 +362,8 @@ def test_ranks_whose_launcher_is_killed_stop_at_one_step_instead_of_living_on(
     tmp_path, tiny_target_dir
 ):
     """torchrun SIGKILLed (the OOM killer, a kill -9, a signal it has no handler for): its
-    ranks see their parent gone (trainer/launcher_watch.py) and stop as at a SIGTERM, with
+    ranks see their parent gone (trainer/distributed/launcher_watch.py) and stop as at a SIGTERM,
+    with
     the writer's checkpoint, rather than train on as orphans nobody reaps."""
     job = torchrun(tmp_path, "--max-steps", "100000")
     try:

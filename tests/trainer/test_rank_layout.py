@@ -1,13 +1,13 @@
-"""The multi-node rank layout (trainer/ranks.py) and torchrun's node arguments
-(trainer/rank_nodes.py): pure functions of the environment, no rendezvous."""
+"""The multi-node rank layout (trainer/distributed/layout.py) and torchrun's node arguments
+(trainer/distributed/nodes.py): pure functions of the environment, no rendezvous."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainer.config import Config, ConfigError
-from trainer.rank_nodes import torchrun_node_args
-from trainer.ranks import layout_from_env
+from trainer.distributed.layout import layout_from_env
+from trainer.distributed.nodes import torchrun_node_args
 
 
 def _cfg(t: int, d: int) -> Config:

@@ -1,5 +1,5 @@
 """The launcher passes stack-dump signals only to its own children that run the trainer
-(trainer/rank_signals.py): never to another child, never to a pid named in a file."""
+(trainer/distributed/signals.py): never to another child, never to a pid named in a file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from trainer.rank_signals import _forward, rank_children
+from trainer.distributed.signals import _forward, rank_children
 
 
 def test_only_children_running_the_trainer_are_ranks_and_get_the_signal(tmp_path):

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.data import load_samples
-from trainer.speculative import target_pass
-from trainer.target import default_target_layer_ids, read_target_info
+from trainer.data.samples import load_samples
+from trainer.evaluation.speculative import target_pass
+from trainer.targets.load import default_target_layer_ids, read_target_info
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"

@@ -264,7 +264,7 @@ def test_recompiles_after_warm_up_are_reported_with_their_reason():
     """dynamo's own recompile log, caught: the heartbeat and train.log say which guard failed."""
     import torch
 
-    from trainer.warmup import recompile_summary, watch_recompiles
+    from trainer.runtime.warmup import recompile_summary, watch_recompiles
 
     @torch.compile(backend="eager", dynamic=False)
     def scale(x):

@@ -15,15 +15,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.model import DFlashDrafter, DrafterArch
-from trainer.speculative import (
+from trainer.evaluation.speculative import (
     DecodeStats,
     drafter_proposer,
     has_linear_attention,
     speculative_decode,
     target_pass,
 )
-from trainer.target import default_target_layer_ids, read_target_info
+from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.targets.load import default_target_layer_ids, read_target_info
 
 BS = 6
 NEW = 30

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainer.contract.heartbeat import ROLE_STAGES, Heartbeat, ordered_stages, read_heartbeat
-from trainer.stages import StageClock
+from trainer.reporting.stages import StageClock
 
 
 def test_a_cpu_clock_times_each_stage_per_iteration():

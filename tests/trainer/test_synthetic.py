@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.synthetic import (
+from trainer.data.synthetic import (
     SHIPPED,
     conversation_text,
     generate_conversations,

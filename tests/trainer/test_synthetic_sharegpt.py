@@ -9,9 +9,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from trainer.data import resolve_data_path
-from trainer.synthetic import LETTERS, MAX_NUMBER
-from trainer.synthetic_sharegpt import VERSION, generate_conversation, generate_lines
+from trainer.builtins.resolve import resolve_data_path
+from trainer.data.sharegpt import VERSION, generate_conversation, generate_lines
+from trainer.data.synthetic import LETTERS, MAX_NUMBER
 
 ROLES = {"system": "system", "human": "user", "gpt": "assistant"}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.target import (
+from trainer.targets.load import (
     default_target_layer_ids,
     load_embeddings,
     load_target,
@@ -137,7 +137,7 @@ def test_unsupported_architecture_is_one_line(tmp_path):
 
 
 def test_non_default_rope_is_refused(tmp_path):
-    from trainer.tiny_target import tiny_qwen35_text_config
+    from trainer.targets.tiny import tiny_qwen35_text_config
 
     rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
     tiny_qwen35_text_config(256, rope_parameters=rope).save_pretrained(tmp_path)

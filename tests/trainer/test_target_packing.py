@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.target import load_target
-from trainer.target_packing import DocBounds
+from trainer.targets.load import load_target
+from trainer.targets.packing import DocBounds
 
 CPU = torch.device("cpu")
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-import trainer.tiny_target as tt
-from trainer.synthetic import synthetic_vocabulary
+import trainer.targets.tiny as tt
+from trainer import host_cache
+from trainer.builtins import resolve
+from trainer.data.synthetic import synthetic_vocabulary
 
 CHAT = [
     {"role": "system", "content": "you are a helpful assistant ."},
@@ -117,7 +119,7 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
 def test_lost_race_keeps_the_winner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "tiny"
 
-    def winner_appears(folder: Path, seed: int, family: str) -> None:
+    def winner_appears(folder: Path, seed: int, family: str, train: Any) -> None:
         # Another process finishes first while this one is still building.
         (folder / "config.json").write_text("{}")
         out.mkdir()
@@ -138,8 +140,8 @@ def test_resolve_builtin_uses_the_cache(
     def no_rebuild(out_dir: Path, seed: int = 0, family: str = "qwen3") -> Path:
         raise AssertionError("rebuilt a cached target")
 
-    monkeypatch.setattr(tt, "build_tiny_target", no_rebuild)
-    assert tt.resolve_target_path("builtin:tiny-qwen3") == tiny_target_dir
+    monkeypatch.setattr(resolve, "build_tiny_target", no_rebuild)
+    assert resolve.resolve_target_path("builtin:tiny-qwen3") == tiny_target_dir
 
 
 def test_resolve_builds_when_missing(
@@ -153,8 +155,8 @@ def test_resolve_builds_when_missing(
         return out_dir
 
     monkeypatch.setenv("DFLASH_CACHE_DIR", str(tmp_path / "c"))
-    monkeypatch.setattr(tt, "build_tiny_target", fake_build)
-    assert tt.resolve_target_path("builtin:tiny-qwen3") == tmp_path / "c" / "tiny-qwen3-v2"
+    monkeypatch.setattr(resolve, "build_tiny_target", fake_build)
+    assert resolve.resolve_target_path("builtin:tiny-qwen3") == tmp_path / "c" / "tiny-qwen3-v2"
     assert built == [tmp_path / "c" / "tiny-qwen3-v2"]
     # On stdout: stderr carries errors only (bad input is one line there).
     out = capsys.readouterr()
@@ -164,15 +166,15 @@ def test_resolve_builds_when_missing(
 def test_cache_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("DFLASH_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert tt.cache_dir() == tmp_path / "xdg" / "dflash-tui"
+    assert host_cache.cache_dir() == tmp_path / "xdg" / "dflash-tui"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert tt.cache_dir() == tmp_path / "home" / ".cache" / "dflash-tui"
+    assert host_cache.cache_dir() == tmp_path / "home" / ".cache" / "dflash-tui"
 
 
 def test_resolve_local_and_bad_paths(tiny_target_dir: Path, tmp_path: Path) -> None:
-    assert tt.resolve_target_path(str(tiny_target_dir)) == tiny_target_dir
+    assert resolve.resolve_target_path(str(tiny_target_dir)) == tiny_target_dir
     with pytest.raises(ValueError, match=r"^target\.path: .*nowhere.*config\.json$"):
-        tt.resolve_target_path(str(tmp_path / "nowhere"))
+        resolve.resolve_target_path(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match=r"target\.path: unknown builtin .*builtin:tiny-qwen3"):
-        tt.resolve_target_path("builtin:huge-qwen3")
+        resolve.resolve_target_path("builtin:huge-qwen3")

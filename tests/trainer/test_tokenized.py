@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from trainer import tokenized
-from trainer.data import LoadReport, Sample, load_samples
-from trainer.synthetic_sharegpt import generate_lines
-from trainer.tiny_target import build_tokenizer
-from trainer.tokenized import MAGIC, Tokenized, encode_entry, load_tokenized
+from trainer.data import tokenized
+from trainer.data.samples import LoadReport, Sample, load_samples
+from trainer.data.sharegpt import generate_lines
+from trainer.data.tokenized import MAGIC, Tokenized, encode_entry, load_tokenized
+from trainer.targets.tiny import build_tokenizer
 
 MAX_LEN = 512
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.data import Batch
-from trainer.step import attach_mask, prepare_blocks
-from trainer.transfer import tensors_in
+from trainer.data.samples import Batch
+from trainer.model.step import attach_mask, prepare_blocks
+from trainer.runtime.transfer import tensors_in
 
 
 def test_every_tensor_of_a_handed_over_item_is_found():

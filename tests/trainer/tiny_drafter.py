@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from trainer.model import DFlashDrafter, DrafterArch
-from trainer.target import LoadedTarget
+from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.targets.load import LoadedTarget
 
 
 def tiny_drafter(

@@ -8,7 +8,7 @@ optimizer moments were all finite, and so was the loss of the steps just before 
 went NaN writes checkpoints that are not good; a restart resumes from the newest good one
 (`choose_resume`), which is from before the run diverged. A .pt with no sidecar (a trainer from
 before sidecars, or a crash between the two writes) is a candidate the trainer checks itself
-when it loads it (trainer/checkpoint.py), so the agent, which has no torch, and the trainer
+when it loads it (trainer/model/checkpoint.py), so the agent, which has no torch, and the trainer
 apply the same rule.
 
 Standard library only, Python >= 3.10: the agent carries this module to the training host.
@@ -89,7 +89,7 @@ class CheckpointUse:
 
     def count_to_come(self, total_steps: int) -> int:
         """Checkpoints still to be written after the newest, to `total_steps`: one every
-        `every` steps before the last, and the last step's (trainer/pipeline.py, run.py)."""
+        `every` steps before the last, and the last step's (trainer/runtime/pipeline.py, run.py)."""
         if self.newest_step >= total_steps:
             return 0
         return self._periodic_to_come(total_steps) + 1

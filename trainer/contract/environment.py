@@ -1,6 +1,6 @@
 """What a run ran on: the environment fingerprint and the fast-kernel preflight, as records.
 
-Both are written by the trainer before the target's weights load (trainer/preflight.py):
+Both are written by the trainer before the target's weights load (trainer/targets/preflight.py):
 config.json carries them under `run` (`run.environment`, `run.preflight`), the heartbeat
 carries the preflight (`Heartbeat.preflight`). An older trainer writes neither: readers
 return None. They are read from untrusted files: `read_environment` and `read_preflight`

@@ -1,9 +1,9 @@
 """Held-out acceptance length during training: what the heartbeat, metrics.jsonl and
 `eval/step-N.json` say about it.
 
-The trainer's eval thread (trainer/online_eval.py) decodes held-out prompts speculatively
+The trainer's eval thread (trainer/evaluation/online.py) decodes held-out prompts speculatively
 every `eval.every` steps: the drafter of that step proposes, the whole target verifies
-greedily (trainer/speculative.py). τ is the mean number of tokens a verify step yields,
+greedily (trainer/evaluation/speculative.py). τ is the mean number of tokens a verify step yields,
 the target's bonus token included: 1.0 is a drafter that never helps, the block size one
 that is always right.
 

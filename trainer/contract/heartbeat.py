@@ -1,6 +1,7 @@
 """heartbeat.json: what the trainer is doing right now, replaced atomically every <= 2 s.
 
-Written by the trainer's heartbeat thread (trainer/heartbeat.py) from these records, read by
+Written by the trainer's heartbeat thread (trainer/reporting/heartbeat.py) from these records, read
+by
 the agent and the monitor through `parse_heartbeat`/`read_heartbeat`. `now` (written by the
 heartbeat thread) and `last_step_at` (written by the training loop) are separate on purpose:
 a fresh `now` with an old `last_step_at` is a stuck loop, not a dead process.
@@ -46,7 +47,7 @@ OLDEST_SCHEMA = 1  # the oldest heartbeat this reader understands
 MAX_HEARTBEAT_BYTES = 4 << 20  # a heartbeat is a few KB; anything this big is not one
 
 # Thread roles, and the states the pipeline writes while it blocks on a queue
-# (trainer/pipeline.py writes them, diagnosis reads them: one spelling).
+# (trainer/runtime/pipeline.py writes them, diagnosis reads them: one spelling).
 # "receiver": a processes-mode drafter rank's thread that takes the targets' features in.
 ROLES = ("main", "prefetch", "target", "drafter", "heartbeat", "probe", "receiver")
 WAIT_PRE_FULL = "waiting: q_pre full"
@@ -57,7 +58,8 @@ WAIT_REPLICAS = "waiting for replicas"
 SAVING_CHECKPOINT = "checkpoint"  # the thread that writes a checkpoint, while it does
 
 # The stages of a pipeline thread's loop, timed per iteration (ThreadInfo.stages_ms, moving
-# medians in ms; trainer/stages.py). A name that starts with "wait" is time the thread (on a
+# medians in ms; trainer/reporting/stages.py). A name that starts with "wait" is time the thread
+# (on a
 # GPU: its stream) spent with nothing to do; `host` is a GPU stream waiting for Python.
 STAGE_BUILD = "build batch"  # prefetch: collate, anchors, pin
 STAGE_WAIT_PRE = "wait q_pre"  # prefetch: q_pre full; target: q_pre empty
@@ -216,7 +218,7 @@ class CheckpointInfo:
 
 @dataclasses.dataclass
 class DataInfo:
-    """How the training data was loaded (trainer/tokenized.py) and what a batch is made of."""
+    """How the training data was loaded (trainer/data/tokenized.py) and what a batch is made of."""
 
     cache: str = ""  # hit | miss | rebuilt (a bad entry was replaced) | off
     seconds: float = 0.0  # reading and tokenizing, or reading the cache
@@ -227,7 +229,7 @@ class DataInfo:
     tokens: int = 0
     workers: int = 0  # processes that tokenized; 0 on a cache hit
     entry: str = ""  # the cache file
-    packing: bool = False  # several documents per row (trainer/packing.py)
+    packing: bool = False  # several documents per row (trainer/data/packing.py)
     truncated_tokens: int = 0  # the tokens the truncation removed
     # Of the batch positions of the recent steps, the share that were padding; None before
     # the second step.

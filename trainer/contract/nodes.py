@@ -4,7 +4,7 @@
 dir of its own host's run root, all with the same run id: the monitor picks that id once
 (`new_run_id`, the rule the agent uses for a run of one host) and sends each host its
 `NodePlace`. The agent puts the place in the trainer's environment (DFLASH_NODES,
-DFLASH_NODE_RANK, DFLASH_MASTER: trainer/rank_nodes.py turns them into torchrun's node
+DFLASH_NODE_RANK, DFLASH_MASTER: trainer/distributed/nodes.py turns them into torchrun's node
 arguments) and records it in launch.json (`LaunchRecord.node`).
 """
 
@@ -16,7 +16,7 @@ import secrets
 import time
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # one plain name: no `..`, no /
-MAX_NODES = 4096  # as trainer/rank_nodes.py bounds DFLASH_NODES
+MAX_NODES = 4096  # as trainer/distributed/nodes.py bounds DFLASH_NODES
 NODES_ENV, NODE_RANK_ENV, MASTER_ENV = "DFLASH_NODES", "DFLASH_NODE_RANK", "DFLASH_MASTER"
 
 
@@ -62,7 +62,7 @@ class NodePlace:
         return None if why is None else f"node master {why}"
 
     def environment(self) -> dict[str, str]:
-        """The trainer's environment for this place (trainer/rank_nodes.py reads it)."""
+        """The trainer's environment for this place (trainer/distributed/nodes.py reads it)."""
         return {
             NODES_ENV: str(self.nodes),
             NODE_RANK_ENV: str(self.node_rank),

@@ -3,7 +3,7 @@
     starting -> loading_data -> loading_target -> compiling -> [loading_target] -> warmup
              -> training (<-> checkpointing) -> stopping -> finished | stopped | crashed
 
-The target's weights load on a thread while the drafters compile (trainer/setup.py), so
+The target's weights load on a thread while the drafters compile (trainer/runtime/setup.py), so
 `loading_target` is visited twice: the first visit starts the load, and a second visit
 after `compiling` is the *wait* for weights that are not in yet (absent when they were).
 Every visit is kept and keyed by its number ("loading_target", "loading_target#2"), so a

@@ -672,7 +672,7 @@ class Deploy(Command):
         return 120.0
 
 
-# Portable compile-cache artifacts (trainer/compile_artifacts.py) move in chunks: one line
+# Portable compile-cache artifacts (trainer/runtime/compile/artifacts.py) move in chunks: one line
 # carries at most MAX_LINE_BYTES, and a blob can be larger.
 ARTIFACT_CHUNK = 512 << 10  # raw bytes per chunk: its base64 stays under typed.MAX_STR
 

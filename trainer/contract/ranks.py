@@ -2,7 +2,8 @@
 
 Every rank of a job started by torchrun writes its own small heartbeat into the job's one
 run dir, beside the job-level heartbeat.json that the lowest drafter rank writes
-(trainer/ranks.py). It says what that rank is (role, index, device, pid, host), where it
+(trainer/distributed/layout.py). It says what that rank is (role, index, device, pid, host), where
+it
 is (phase, step, the queues it knows) and, once it has failed, why: its error, and the rank
 it found failed first (`failed_rank`: itself, or the peer whose loss ended it).
 
@@ -10,7 +11,7 @@ Schema history (ARCHITECTURE.md, "Versioning" — the same rules as the heartbea
   1  the first rank heartbeat.
      Later under schema 1 (optional, so no bump: older readers ignore the keys, and files
      without them read as "not measured"): `tok_s` and `batches_s`, the rank's own rate, and
-     `loop`/`stages_ms`, its loop thread's stage medians (trainer/stages.py): what the
+     `loop`/`stages_ms`, its loop thread's stage medians (trainer/reporting/stages.py): what the
      straggler and slow-link rules compare between ranks.
 """
 

@@ -1,0 +1,1 @@
+"""`python -m trainer`'s subcommands besides training, and the argument rules they share."""

@@ -1,0 +1,2 @@
+"""Processes mode: one process per rank under torchrun, its layout, transfers, resume and
+signals."""

@@ -1,0 +1,329 @@
+"""processes mode: the pipeline of one rank, a target or a drafter replica
+(trainer/distributed/layout.py).
+
+The threaded pipeline's routing, unchanged (trainer/runtime/pipeline.py): batch g is forwarded by
+target t = (g - g0) % T and trained by replica r = (g - g0) % D; step s trains batches
+g0 + (s - s0)*D + r. Only the hops between roles change:
+
+  target rank t:   prefetch thread -> q_pre -> target thread -> isend to drafter rank T + r
+                   (at most q_hs_size sends in flight per drafter: trainer/distributed/transfer.py)
+  drafter rank r:  receiver thread (recv from target rank t, build the mask) -> q_hs ->
+                   drafter thread: forward, backward, all_reduce of the gradients over the
+                   drafter ranks' group, then its own optimizer step (the same on every
+                   drafter rank: same init, same averaged gradients, same optimizer)
+
+The loss, the metrics sums, the token counts, a stop request and the queue depths each rank
+knows are all-reduced with the gradients, so every drafter rank logs the job's numbers and
+they all stop at the same step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from trainer.contract.heartbeat import (
+    STAGE_FORWARD,
+    STAGE_MASK,
+    STAGE_TRANSFER,
+    STAGE_WAIT_HS,
+    STAGE_WAIT_PRE,
+    STAGE_WAIT_REPLICAS,
+    WAIT_HS_FULL,
+    WAIT_PRE_EMPTY,
+    QueueDepth,
+    Queues,
+)
+from trainer.contract.phases import TRAINING
+from trainer.distributed.blame import is_peer_loss
+from trainer.distributed.layout import Job, RankLayout
+from trainer.distributed.transfer import FeatureSender, receive
+from trainer.model.drafter import DFlashDrafter
+from trainer.model.loss import STAT_NAMES, LossOutput
+from trainer.model.step import BlockBatch, attach_mask
+from trainer.reporting.stages import StageClock
+from trainer.runtime.pipeline import FeatureItem, Pipeline
+
+
+class OwnRate:
+    """This rank's own batches and their tokens over its last ~10 s: what heartbeat-rank's
+    `tok_s`/`batches_s` say (a drafter rank's job-level numbers are all-reduced: not its own)."""
+
+    WINDOW_S = 10.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the loop thread counts, the heartbeat thread reads
+        self._batches = self._tokens = 0
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=512)
+
+    def count(self, tokens: int) -> None:
+        with self._lock:
+            self._batches += 1
+            self._tokens += tokens
+            self._recent.append((time.monotonic(), self._batches, self._tokens))
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens/s, batches/s) between the oldest and newest batch of the window."""
+        with self._lock:
+            recent = list(self._recent)
+        if len(recent) < 2:
+            return 0.0, 0.0
+        inside = [r for r in recent if recent[-1][0] - r[0] <= self.WINDOW_S]
+        if len(inside) < 2:  # batches slower than the window: the last two
+            inside = recent[-2:]
+        (t0, b0, k0), (t1, b1, k1) = inside[0], inside[-1]
+        if t1 <= t0:
+            return 0.0, 0.0
+        return (k1 - k0) / (t1 - t0), (b1 - b0) / (t1 - t0)
+
+
+class _RankPipeline(Pipeline):
+    """The threaded pipeline's state, sized for the whole job's T and D."""
+
+    def __init__(self, *args: Any, layout: RankLayout, job: Job, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layout, self.job = layout, job
+        self.T, self.D, self.P = layout.targets, layout.drafters, 1
+        self.g_end = self.g0 + (self.run.total_steps - self.s0) * self.D
+        rt = self.cfg.runtime
+        self.q_pre = [queue.Queue(maxsize=rt.q_pre_size) for _ in range(self.T)]
+        self.q_hs = [
+            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)] for _ in range(self.T)
+        ]
+        self.outs = [None] * self.D
+        self.out_tokens, self.out_slots = [0] * self.D, [0] * self.D
+        self.barrier = threading.Barrier(1)
+        # The rank's progress for heartbeat-rank{R}.json: a drafter's step, a target's last
+        # batch's step.
+        self.rank_step = self.s0
+        self.own_rate = OwnRate()
+
+    def _target_device(self, t: int) -> torch.device:
+        return self.run.target_devices[0]
+
+    def _replica(self, r: int) -> tuple[torch.device, DFlashDrafter]:
+        return self.run.drafter_devices[0], self.run.replicas.models[0]
+
+
+class TargetRankPipeline(_RankPipeline):
+    """Target t's rank: its prefetch thread and its target thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.t = self.layout.index
+        self.sender = FeatureSender(self.cfg.runtime.q_hs_size, self.job.comm_device)
+
+    def _prefetch_targets(self, p: int) -> set[int]:
+        return {self.t}
+
+    def _target(self, t: int) -> None:
+        dev = self.run.target_devices[0]
+        features_of = self.run.targets[dev].features
+        clock = self.state.stage_clock(str(dev))
+        for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
+            clock.lap()
+            with clock.wait(STAGE_WAIT_PRE):
+                blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
+            self.state.thread_state("forward")
+            with clock.work(STAGE_FORWARD), torch.no_grad():
+                self.faults.check("target", n, t)
+                on_dev = blocks.to(dev, non_blocking=True)
+                b = on_dev.batch
+                if b.position_ids is None:
+                    features = features_of(b.input_ids)
+                else:
+                    features = features_of(b.input_ids, b.position_ids)
+            r = (g - self.g0) % self.D
+            dst = self.layout.drafter_rank(r)
+            try:
+                with clock.wait(STAGE_WAIT_HS):
+                    self.state.thread_state(WAIT_HS_FULL)
+                    self.sender.wait_room(dst)
+                self.state.thread_state(f"send to rank {dst}")
+                with clock.work(STAGE_TRANSFER):
+                    if late := self.faults.slow_s("link"):  # DFLASH_FAULT=slow:link:S
+                        time.sleep(late)
+                    self.sender.send(dst, g, blocks, features, self.q_pre[t].qsize())
+            except RuntimeError as e:
+                if self._stopped_by_drafters(e):
+                    return
+                raise
+            with self._count_lock:
+                self._target_batches += 1
+            self.own_rate.count(blocks.tokens)
+            step = self.s0 + (g - self.g0) // self.D + 1
+            if step > self.rank_step:
+                self.rank_step = step
+                self.state.record_step(step, 0, 0.0)
+            if n == 0:
+                self.state.set_phase(TRAINING)
+        self.state.thread_state("waiting for the drafters to take the last batches")
+        try:
+            self.sender.flush()
+        except RuntimeError as e:
+            if not self._stopped_by_drafters(e):
+                raise
+        self.state.thread_state("done")
+
+    def _stopped_by_drafters(self, e: RuntimeError) -> bool:
+        """A stop (SIGTERM) reaches every rank; the drafters agree on their last step and
+        leave, so the sends after it find no one: for a stopping target that is the end."""
+        if self.stop_request.is_set() and is_peer_loss(str(e)):
+            self.stopped_early = True
+            self.state.thread_state("stopped: the drafters left")
+            return True
+        return False
+
+    def queue_depths(self) -> Queues:
+        rt = self.cfg.runtime
+        return Queues(
+            q_pre=[QueueDepth(self.q_pre[self.t].qsize(), rt.q_pre_size)],
+            q_hs=[
+                QueueDepth(self.sender.in_flight(self.layout.drafter_rank(r)), rt.q_hs_size)
+                for r in range(self.D)
+            ],
+        )
+
+    def start(self) -> None:
+        t = self.t
+        self._spawn(f"prefetch-{t}", "prefetch", "cpu", partial(self._prefetch, 0))
+        dev = str(self.run.target_devices[0])
+        th = self._spawn(f"target-{t}", "target", dev, partial(self._target, t))
+        self.drafter_threads.append(th)  # the thread whose end is this rank's end
+        for th in self.threads:
+            th.start()
+
+
+class DrafterRankPipeline(_RankPipeline):
+    """Replica r's rank: its receiver thread and its drafter thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.r = self.layout.index
+        # What this rank knows of the queues: each target's q_pre as its last batch here
+        # said, and every drafter's q_hs as the last step's all_reduce said.
+        self._q_pre_seen = [0] * self.T
+        self._q_pre_known = [0] * self.T
+        self._q_hs_known = [0] * self.D
+        self._stop_agreed = False
+        self._received = 0  # batches this rank has taken in from the targets
+        model = self.run.replicas.models[0]
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def _receive(self) -> None:
+        dev = self.run.drafter_devices[0]
+        comm = self.job.comm_device
+        r = self.r
+        clock = self.state.stage_clock(str(dev))
+        settings = self.run.settings
+        for s in range(self.s0, self.run.total_steps):
+            clock.lap()
+            g = self.g0 + (s - self.s0) * self.D + r
+            t = (g - self.g0) % self.T
+            src = self.layout.target_rank(t)
+            self.state.thread_state(f"receiving from rank {src}")
+            with clock.wait(STAGE_WAIT_HS):
+                got = receive(src, dev, comm)
+            if got.g != g:
+                raise RuntimeError(f"drafter {r} expected batch {g} from rank {src}, got {got.g}")
+            self._q_pre_seen[t] = got.q_pre
+            self._received += 1
+            self.state.thread_state("building mask")
+            with clock.work(STAGE_MASK):
+                attach_mask(got.blocks, settings.backend, settings.block_size)
+            item = FeatureItem(g=g, blocks=got.blocks, features=got.features, ready=None)
+            with clock.wait(STAGE_WAIT_PRE):
+                self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
+        self.state.thread_state("done")
+
+    def _end_of_step(self, r: int, s: int, clock: StageClock) -> None:
+        self.own_rate.count(self.out_tokens[r])  # its own batch, before the sums replace it
+        # The all-reduce waits for the slowest replica: timed as the step's barrier (a wait),
+        # not as this rank's optimizer work, so a straggler's peers do not look slow too.
+        with clock.wait(STAGE_WAIT_REPLICAS):
+            self._reduce_over_drafters()
+        self._optimizer_step(s, clock)
+        self.rank_step = s + 1
+
+    def _average_grads(self) -> None:
+        """Done before the optimizer step, under the barrier's wait (_end_of_step)."""
+
+    def _reduce_over_drafters(self) -> None:
+        """The mean gradient over the drafter ranks (one all_reduce of them all, flat), and
+        the step's numbers every drafter rank logs alike."""
+        grads = [p.grad for p in self._params]
+        if any(g is None for g in grads):
+            raise RuntimeError("this drafter rank has no gradient: did its backward run?")
+        dense: list[Tensor] = [g for g in grads if g is not None]
+        flat = torch._utils._flatten_dense_tensors(dense)
+        dist.all_reduce(flat, group=self.job.drafters)
+        flat /= float(self.D)
+        unflat = torch._utils._unflatten_dense_tensors(flat, dense)
+        torch._foreach_copy_(dense, list(unflat))
+        self._share_step_numbers()
+
+    def _share_step_numbers(self) -> None:
+        r, out = self.r, self.outs[self.r]
+        assert out is not None
+        dev = self.run.drafter_devices[0]
+        n_stats = len(STAT_NAMES)
+        sums = torch.zeros(1 + n_stats + 4, dtype=torch.float64, device=dev)
+        sums[0] = out.loss.detach().double()
+        sums[1 : 1 + n_stats] = out.stats.detach().double()
+        sums[1 + n_stats] = float(self.out_tokens[r])
+        sums[2 + n_stats] = float(self.out_slots[r])
+        sums[3 + n_stats] = 1.0 if self.stop_request.is_set() else 0.0
+        sums[4 + n_stats] = float(self._received)
+        depths = torch.zeros(self.T + self.D, dtype=torch.int64, device=dev)
+        depths[: self.T] = torch.tensor(self._q_pre_seen, dtype=torch.int64)
+        depths[self.T + r] = self.q_hs_depth()
+        comm = self.job.comm_device
+        sums, depths = sums.to(comm), depths.to(comm)
+        dist.all_reduce(sums, group=self.job.drafters)
+        dist.all_reduce(depths, op=dist.ReduceOp.MAX, group=self.job.drafters)
+        sums, depths = sums.to(dev), depths.cpu()
+        loss = (sums[0] / self.D).to(out.loss.dtype)
+        stats = sums[1 : 1 + n_stats].to(out.stats.dtype)
+        self.outs = [LossOutput(loss=loss, stats=stats)] + [None] * (self.D - 1)
+        self.out_tokens = [int(sums[1 + n_stats])] + [0] * (self.D - 1)
+        self.out_slots = [int(sums[2 + n_stats])] + [0] * (self.D - 1)
+        self._stop_agreed = bool(sums[3 + n_stats] > 0)
+        with self._count_lock:  # the targets' output, as every drafter rank took it in
+            self._target_batches = int(sums[4 + n_stats])
+        known = depths.tolist()
+        self._q_pre_known, self._q_hs_known = known[: self.T], known[self.T :]
+
+    def _sync_params(self) -> None:
+        """Nothing to send: every drafter rank stepped the same optimizer on the same mean."""
+
+    def _stop_now(self) -> bool:
+        return self._stop_agreed  # any rank's SIGTERM, seen by all at the same step
+
+    def q_hs_depth(self) -> int:
+        return sum(self.q_hs[t][self.r].qsize() for t in range(self.T))
+
+    def queue_depths(self) -> Queues:
+        rt = self.cfg.runtime
+        hs = list(self._q_hs_known)
+        hs[self.r] = self.q_hs_depth()  # its own, live
+        return Queues(
+            q_pre=[QueueDepth(d, rt.q_pre_size) for d in self._q_pre_known],
+            q_hs=[QueueDepth(d, rt.q_hs_size * self.T) for d in hs],
+        )
+
+    def start(self) -> None:
+        r = self.r
+        dev = str(self.run.drafter_devices[0])
+        self._spawn(f"receiver-{r}", "receiver", dev, self._receive)
+        th = self._spawn(f"drafter-{r}", "drafter", dev, partial(self._drafter, r))
+        self.drafter_threads.append(th)
+        for th in self.threads:
+            th.start()

@@ -1,0 +1,1 @@
+"""What a drafter is worth: speculative decoding, held-out τ offline and during training, export."""

@@ -1,0 +1,2 @@
+"""The DFlash drafter and what one training step does to it: attention, blocks, loss, the
+optimizer, checkpoints."""

@@ -1,0 +1,186 @@
+"""Compile before the threads start: one thread, gradients on, every shape bucket.
+
+A cold `torch.compile(flex_attention)` entered from several threads at once deadlocked on
+the H200 (torch 2.11: > 150 s, every thread in dynamo's convert_frame). Warmed up on one
+thread first (23 s), four threads then ran with 0 recompiles. So the main thread runs a full
+forward+backward per (drafter device, bucket) before any worker starts, and the heartbeat
+reports graphs compiled afterwards as recompiles.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from trainer.data.samples import Batch
+from trainer.model.drafter import DFlashDrafter
+from trainer.model.step import attach_mask, drafter_loss, prepare_blocks
+from trainer.reporting.runstate import RunState
+from trainer.runtime.compile.progress import CompileHistory, compile_signature, watch_compiles
+from trainer.runtime.setup import RunSetup
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class _RecompileHandler(logging.Handler):
+    def __init__(self, on_reason: Callable[[str], None]) -> None:
+        super().__init__(logging.DEBUG)
+        self.on_reason = on_reason
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.on_reason(record.getMessage())
+        except Exception:  # a reporting failure must never break the compiling thread
+            self.handleError(record)
+
+
+def watch_recompiles(on_reason: Callable[[str], None]) -> None:
+    """Pass every recompile's reason (dynamo's "recompiles" log: which function, which
+    guard failed) to `on_reason`, from the thread that recompiles. Turned on after warm-up,
+    where a recompile is a stall the operator should be able to explain."""
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    if not any(isinstance(h, _RecompileHandler) for h in logger.handlers):
+        logger.addHandler(_RecompileHandler(on_reason))
+
+
+def recompile_summary(message: str) -> str:
+    """'Recompiling function forward in /x/model.py:120 ... - guard failure' on one line."""
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    head = lines[0] if lines else message
+    head = head.replace("Recompiling function ", "")
+    reasons = [ln for ln in lines[1:] if not ln.startswith("triggered by")]
+    return f"{head}: {'; '.join(reasons[:2])}"[:300]
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """How the on-disk compile caches answered so far: Inductor's FX graph cache and
+    AOTAutograd's cache. Misses mean kernels were generated (minutes), hits that they were
+    loaded; a bypass means a graph the caches cannot hold (compiled every time)."""
+    from torch._dynamo.utils import counters
+
+    ind, aot = counters["inductor"], counters["aot_autograd"]
+    return {
+        "cache_hits": int(ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"]),
+        "cache_misses": int(ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"]),
+        "cache_bypasses": int(ind["fxgraph_cache_bypass"] + aot["autograd_cache_bypass"]),
+    }
+
+
+def compile_breakdown(top: int = 6) -> dict[str, float]:
+    """The slowest compile stages so far, in seconds summed over graphs (dynamo's own
+    timers: tracing, AOTAutograd, Inductor lowering, kernel builds). Nested stages overlap,
+    so the figures do not add up to the warm-up time."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    slowest = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return {k: round(v, 2) for k, v in slowest}
+
+
+def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: float = 0.0) -> float:
+    """Returns seconds spent. Leaves no gradients and no optimizer state behind. Compile
+    progress goes into `state.compile` (trainer/runtime/compile/progress.py). `extra_s`:
+    DFLASH_FAULT=slow:compile:S (a cold or invalidated compile cache)."""
+
+    t0 = time.monotonic()
+    buckets = run.cfg.data.seq_buckets
+    firsts: dict[torch.device, int] = {}
+    for r, dev in enumerate(run.drafter_devices):
+        firsts.setdefault(dev, r)
+    # Per bucket and device (dynamo guards on both), plus head room for the mask builder.
+    limit = 4 * len(buckets) * max(1, len(firsts))
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    torch._dynamo.config.accumulated_cache_size_limit = max(
+        torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
+    )
+    history = CompileHistory(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    signature = compile_signature(signature_parts(run, code_sha256))
+    last = history.last(signature)
+    state.compile_expected(
+        last["graphs"] if last else None,
+        last.get("seconds") if last else None,
+        last.get("cache") if last else None,
+    )
+    time.sleep(extra_s)
+    gen = torch.Generator().manual_seed(0)
+    doing = ""
+    with watch_compiles(state, lambda: doing):
+        for dev, r in firsts.items():
+            for S in buckets:
+                doing = f"bucket {S} on {dev}"
+                _warm_one(run, run.replicas.models[r], dev, S, gen)
+    run.replicas.zero_grads()
+    seconds = time.monotonic() - t0
+    counts = compile_cache_counts()
+    cache = (
+        "warm"
+        if counts["cache_misses"] == 0
+        else "cold"
+        if counts["cache_hits"] == 0
+        else "partial"
+    )
+    history.record(signature, state.compile.done, seconds, cache)
+    return seconds
+
+
+def signature_parts(run: RunSetup, code_sha256: str) -> dict[str, object]:
+    """What decides the warm-up's graphs (compile_watch.compile_signature)."""
+    c = run.cfg
+    names = [
+        torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu" for d in run.drafter_devices
+    ]
+    return {
+        "code": code_sha256,
+        "torch": torch.__version__,
+        "arch": run.arch.to_dict(),
+        "buckets": list(c.data.seq_buckets),
+        "batch": c.train.batch_size,
+        "anchors": c.train.num_anchors,
+        "packing": c.data.packing,
+        "backend": run.settings.backend,
+        "loss": [run.settings.chunk_blocks, run.settings.impl],
+        "compiled": c.train.compile_drafter,
+        "dtype": c.target.dtype,
+        "devices": [str(d) for d in run.drafter_devices],
+        "gpus": names,
+    }
+
+
+def _warm_one(
+    run: RunSetup, model: DFlashDrafter, dev: torch.device, S: int, gen: torch.Generator
+) -> None:
+    """One forward and backward of `model` on bucket `S`, as the threads will run it."""
+    from trainer.runtime.pipeline import autocast_for
+
+    B = run.cfg.train.batch_size
+    n_feat = len(run.arch.target_layer_ids) * run.arch.hidden_size
+    feat_dtype = model.embed_weight.dtype  # the target's dtype on this device
+    ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
+    batch = Batch(
+        input_ids=ids,
+        loss_mask=torch.ones(B, S),
+        lengths=torch.full((B,), S, dtype=torch.long),
+        index=0,
+    )
+    if run.cfg.data.packing:  # the packed graph: two documents per row
+        half = torch.arange(S) >= S // 2
+        batch.doc_ids = half.long().expand(B, S).clone()
+        batch.position_ids = (torch.arange(S) - half * (S // 2)).expand(B, S).clone()
+    blocks = prepare_blocks(batch, run.cfg.train.num_anchors, 0, 0).to(dev)
+    # As the target thread does it: outside autocast, so the same graph serves both.
+    attach_mask(blocks, run.settings.backend, run.settings.block_size)
+    features = torch.randn(B, S, n_feat, generator=gen).to(dev, feat_dtype)
+    with autocast_for(dev):
+        out = drafter_loss(model, blocks, features, run.settings)
+    out.loss.backward()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
