@@ -137,11 +137,29 @@ def _closure(fn: Any) -> dict[str, Any]:
     return out
 
 
+def _kernel_closure(value: Any, depth: int = 3) -> dict[str, Any]:
+    """The closure of transformers' kernel-or-fallback wrapper behind `value`, else {}.
+
+    Up to 5.17 the module-level name is the wrapper function itself; from 5.25 it is a
+    small `nn.Module` whose `forward` closes over that wrapper: follow `forward` and the
+    functions a closure holds, a few levels deep."""
+    cv = _closure(value)
+    if "is_new_implementation" in cv or depth == 0:
+        return cv
+    inner = [getattr(getattr(value, "forward", None), "__func__", None), *cv.values()]
+    for fn in inner:
+        if callable(fn) and hasattr(fn, "__code__"):
+            found = _kernel_closure(fn, depth - 1)
+            if "is_new_implementation" in found:
+                return found
+    return {}
+
+
 def resolved_kernels(module: Any) -> tuple[list[Resolved], str]:
     """What the modeling module resolved, and how that was read."""
     found = []
     for value in vars(module).values():
-        cv = _closure(value) if callable(value) else {}
+        cv = _kernel_closure(value) if callable(value) else {}
         if "is_new_implementation" in cv and isinstance(cv.get("package"), str):
             func = cv.get("func_name", getattr(value, "__name__", "?"))
             used = bool(cv["is_new_implementation"])
