@@ -21,6 +21,15 @@ settings.register_profile("dev", max_examples=10_000, print_blob=True)
 settings.register_profile("dev-short", max_examples=1_000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Two xdist workers share two cores with the trainers their tests start. torch's default team
+# is a thread per core in every process, and OpenMP teams that outnumber the cores spin
+# against each other: one in-process speculative-decoding test took 137 s in a full run and
+# 1.5 s alone. A worker's own torch work gets one thread (a trainer the tests start still
+# sets its own share, trainer/runtime/run.py `set_threads_for_cpu`); the serial session,
+# alone on the machine, keeps the default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -30,6 +39,13 @@ pytest_plugins = ["infra.fixtures"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+        import torch  # imported before this file set OMP_NUM_THREADS: set it directly
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", autouse=True)
