@@ -12,7 +12,8 @@
 
 Each command's parser lists only the options it reads (the rest keep `_DEFAULTS`). A first
 word close to a command that names no host is refused as a slip (cli_slips.py). One-shot
-commands get no retry: a host they cannot reach is their answer, exit 3, at once.
+commands get no retry: a host they cannot reach is their answer, exit 3, at once (their
+lines and their link: cli_io.py, which groups.py shares).
 
 Only the argument surface lives here; the work is in control, headless and the link. Nothing
 here imports torch or textual, so `--help` is instant.
@@ -24,13 +25,13 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_tui import sanitize
+from dflash_tui import cli_io, sanitize
 from dflash_tui.targets import Target, TargetError, resolve_target
-from trainer.contract.protocol import Kill, Progress, RunInfo
+from trainer.contract.protocol import Kill, RunInfo
 from trainer.contract.typed import encode
 
 if TYPE_CHECKING:
@@ -82,7 +83,6 @@ _DEFAULTS: dict[str, Any] = {
 }
 # What a TARGET that names a config.toml group does over all its hosts (dflash_tui/groups.py).
 GROUP_COMMANDS = ("launch", "kill", "restart", "status", "dump-stacks")
-ONE_SHOT_CONNECT_S = 1.5  # a one-shot answer about a silent host, start-up included: < 3 s
 
 
 def _positive(text: str) -> float:
@@ -135,7 +135,7 @@ def _where(p: argparse.ArgumentParser, remote: bool = True, one_shot: bool = Tru
             type=_positive,
             metavar="S",
             help=f"seconds the host has to answer before this command gives up (default "
-            f"{ONE_SHOT_CONNECT_S:g}; watching, the TUI keeps retrying instead)",
+            f"{cli_io.CONNECT_S:g}; watching, the TUI keeps retrying instead)",
         )
 
 
@@ -317,60 +317,6 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     return target
 
 
-# What the commands print quotes the host (run ids, paths, the agent's errors and notes): one
-# line goes out through `_out` or `_err`, its control characters made visible; a text the
-# host wrote (a stack dump) through `sanitize.lines`.
-def _out(text: str) -> None:
-    print(sanitize.field(text), flush=True)
-
-
-def _err(text: str) -> None:
-    print(f"dflash-tui: {sanitize.field(text)}", file=sys.stderr, flush=True)
-
-
-def _progress(event: Progress) -> None:
-    print(f"  … {sanitize.field(event.message)}", file=sys.stderr, flush=True)
-
-
-Work = Callable[["Link", "Store"], Awaitable[int]]
-
-
-def _connect_timeout(args: argparse.Namespace) -> float:
-    return float(args.connect_timeout or ONE_SHOT_CONNECT_S)
-
-
-async def _with_link(
-    target: Target,
-    work: Work,
-    follow: str | None = None,
-    connect_timeout: float | None = None,
-    err: Callable[[str], None] = _err,
-) -> int:
-    """One command over a fresh link: a host it cannot reach is the answer (exit 3), at
-    once, not retried (link.py `one_shot`). `err` says what went wrong (a group's host
-    prefixes its name)."""
-    from dflash_tui.link.link import BadInput, Link, LinkError
-    from dflash_tui.state import Store
-
-    store = Store(target.name)
-    link = Link(target, store.apply, follow=follow, one_shot=True, connect_timeout=connect_timeout)
-    link.start()
-    try:
-        await link.wait_connected(30)
-        return await work(link, store)
-    except BadInput as e:  # what the command named is not there: bad input, as elsewhere
-        err(str(e))
-        return 2
-    except LinkError as e:
-        if link.state != "connected":
-            err(f"cannot reach {target.name}: {e}")
-            return 3
-        err(str(e))
-        return 1
-    finally:
-        await link.close()
-
-
 def _fmt_runs(runs: list[RunInfo], env: bool = False) -> str:
     """One row per run, how it ended in the outcome's words (trainer/contract/outcomes.py),
     its best held-out τ; a GPU run on a slow kernel fallback is marked. `env`: each run's
@@ -407,33 +353,37 @@ def runs_json(run: RunInfo) -> dict[str, Any]:
     return data
 
 
-def command_work(name: str, args: argparse.Namespace) -> Work:
+def command_work(name: str, args: argparse.Namespace) -> cli_io.Work:
     """What subcommand `name` does over a connected link (tests call it with a fake link)."""
     from dflash_tui import control
 
     async def work(link: Link, store: Store) -> int:
         if name == "deploy":
-            d = await control.deploy(link, _progress, not args.no_compile_cache)
-            _out(f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}")
+            d = await control.deploy(link, cli_io.progress, not args.no_compile_cache)
+            cli_io.out(
+                f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}"
+            )
             for shipped in d["artifacts"]:
-                _out(f"shipped compile-cache artifacts {shipped}: a fresh host starts warm")
+                cli_io.out(f"shipped compile-cache artifacts {shipped}: a fresh host starts warm")
         elif name == "pull-cache":
             pulled = await control.pull_artifacts(link)
             for path, size in pulled:
-                _out(f"pulled {path.name} ({size / 1e6:.1f} MB) into {path.parent}")
+                cli_io.out(f"pulled {path.name} ({size / 1e6:.1f} MB) into {path.parent}")
             if not pulled:
-                _out(
+                cli_io.out(
                     "no compile-cache artifacts on the host yet "
                     "(a GPU run saves them after its warm-up)"
                 )
         elif name == "launch":
-            run = await control.launch(link, args.config, args.overrides, _progress)
-            _out(
+            run = await control.launch(link, args.config, args.overrides, cli_io.progress)
+            cli_io.out(
                 f"launched {run.run_id} in {run.run_dir}"
                 + ("" if run.started else f" ({run.note})")
             )
         elif name == "kill":
-            k = await control.kill(link, args.run_id, args.timeout, args.drain_timeout, _progress)
+            k = await control.kill(
+                link, args.run_id, args.timeout, args.drain_timeout, cli_io.progress
+            )
             drain = (
                 "n/a (no GPU)"
                 if k.drain_s is None and not k.gpu_held_by
@@ -441,18 +391,18 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 if k.drain_s is not None
                 else f"still held by pids {k.gpu_held_by}"
             )
-            _out(
+            cli_io.out(
                 f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s; GPU memory "
                 f"released: {drain}; orphans: {k.orphans or 'none'}"
             )
             return 0 if not k.orphans and not k.gpu_held_by else 1
         elif name == "restart":
             r = await control.restart(
-                link, args.run_id, args.timeout, args.drain_timeout, _progress, args.fresh
+                link, args.run_id, args.timeout, args.drain_timeout, cli_io.progress, args.fresh
             )
             if r.killed is not None:
-                _out(f"{r.killed.run_id} {r.killed.describe()}")
-            _out(r.describe())
+                cli_io.out(f"{r.killed.run_id} {r.killed.describe()}")
+            cli_io.out(r.describe())
         elif name == "dump-stacks":
             st = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
             print(sanitize.lines(st.text))
@@ -462,11 +412,11 @@ def command_work(name: str, args: argparse.Namespace) -> Work:
                 print(f"# {st.kind} dump of pid {st.pid}, {st.seconds:.2f}s after the signal")
         elif name == "export":
             e = await control.export(link, args.run_id, args.step, args.dtype)
-            _out(e.said or f"exported {e.run_id} step {e.step}")
-            _out(f"on the host: {e.out}")
+            cli_io.out(e.said or f"exported {e.run_id} step {e.step}")
+            cli_io.out(f"on the host: {e.out}")
         elif name == "clear-cache":
             c = await control.clear_cache(link)
-            _out(
+            cli_io.out(
                 f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
                 if c.existed
                 else f"no compile cache at {c.path}"
@@ -506,13 +456,13 @@ async def _compare(link: Link, store: Store, args: argparse.Namespace) -> int:
     try:
         data = await compare.fetch_runs(link, runs, args.run_ids)
     except compare.UnknownRun as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
     if args.json:
         print(json.dumps(compare.to_json(data), default=str))  # JSON escapes what the host wrote
     else:
         for line in compare.describe(data):
-            _out(line)
+            cli_io.out(line)
     return 0
 
 
@@ -520,11 +470,11 @@ async def _command(name: str, args: argparse.Namespace, target: Target) -> int:
     from dflash_tui.control import ControlError
 
     try:
-        return await _with_link(
-            target, command_work(name, args), connect_timeout=_connect_timeout(args)
+        return await cli_io.with_link(
+            target, command_work(name, args), connect_timeout=cli_io.connect_timeout(args)
         )
     except ControlError as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
 
 
@@ -543,16 +493,16 @@ async def _monitor(
 
     try:
         if args.once or args.headless or args.json:
-            notifier = _notifier(args, target, _err)
+            notifier = _notifier(args, target, cli_io.err)
             return await Headless(
                 target, interval=args.interval, as_json=args.json, once=args.once,
-                follow=follow, notifier=notifier, connect_timeout=_connect_timeout(args),
+                follow=follow, notifier=notifier, connect_timeout=cli_io.connect_timeout(args),
                 until_end=until_end,
             ).run()  # fmt: skip
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             # Textual reads keys from a stdin that is not a terminal as fast as it can (at
             # EOF, each read returns at once): one line, not a busy loop.
-            _err("not a terminal: use --headless (or --once) for lines, or run in a terminal")
+            cli_io.err("not a terminal: use --headless (or --once) for lines, or run in a terminal")
             return 2
         from dflash_tui.app import run_app
         from dflash_tui.themes import ThemeError
@@ -560,10 +510,10 @@ async def _monitor(
         try:
             return await run_app(target, args)
         except ThemeError as e:
-            _err(str(e))
+            cli_io.err(str(e))
             return 2
     except NotifyError as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
 
 
@@ -590,7 +540,7 @@ async def _demo(args: argparse.Namespace) -> int:
         print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
         try:
             run = await control.launch(
-                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, _progress
+                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, cli_io.progress
             )
             print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
             launched.append(run.run_id)
@@ -600,7 +550,7 @@ async def _demo(args: argparse.Namespace) -> int:
             print("demo: a demo run is already alive; monitoring it", file=sys.stderr)
         return 0
 
-    code = await _with_link(target, work)
+    code = await cli_io.with_link(target, work)
     if code != 0:
         return code
     args.once = False
@@ -637,7 +587,7 @@ async def _fleet(args: argparse.Namespace, hosts: tuple[str, ...] | None = None)
     try:
         return await run_fleet_app(targets, args.theme)
     except ThemeError as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
 
 
@@ -647,12 +597,14 @@ def _status_of_run_dir(args: argparse.Namespace) -> int:
     import posixpath
 
     if args.run_root:
-        _err("--run-dir names the run root itself (its folder): leave out --run-root")
+        cli_io.err("--run-dir names the run root itself (its folder): leave out --run-root")
         return 2
     path = args.run_dir.rstrip("/") or "/"
     root, run_id = posixpath.split(path)
     if not run_id or run_id in (".", ".."):
-        _err(f"--run-dir {path}: name the run dir itself, e.g. runs/20260101-120000-NAME-abcd")
+        cli_io.err(
+            f"--run-dir {path}: name the run dir itself, e.g. runs/20260101-120000-NAME-abcd"
+        )
         return 2
     args.run_root = root or "."
     target = target_from(args, args.target)
@@ -660,10 +612,10 @@ def _status_of_run_dir(args: argparse.Namespace) -> int:
         here = Path(path)
         marks = ("heartbeat.json", "launch.json", "config.json")
         if not here.is_dir():
-            _err(f"--run-dir {path}: no such directory")
+            cli_io.err(f"--run-dir {path}: no such directory")
             return 2
         if not any((here / m).is_file() for m in marks):
-            _err(f"--run-dir {path}: not a run dir (none of {', '.join(marks)} in it)")
+            cli_io.err(f"--run-dir {path}: not a run dir (none of {', '.join(marks)} in it)")
             return 2
         args.run_root = str(here.resolve().parent)
         target = target_from(args, args.target)
@@ -710,9 +662,9 @@ def _replay(args: argparse.Namespace) -> int:
         from dflash_tui import replay_headless
 
         work = replay_headless.work(target, args.replay_run, args.at, args.json)
-        return asyncio.run(_with_link(target, work))
+        return asyncio.run(cli_io.with_link(target, work))
     except ReplayError as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
 
 
@@ -721,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else None
     slip = _slip(argv[0]) if argv and name is None else None
     if slip is not None:
-        _err(f"unknown command {argv[0]!r}: did you mean {slip}?")
+        cli_io.err(f"unknown command {argv[0]!r}: did you mean {slip}?")
         return 2
     try:
         if name in SUBCOMMANDS:
@@ -738,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "compare":
                 args.run_ids, args.target = compare_items(args.items)
                 if len(args.run_ids) < 2:
-                    _err("compare needs two or more run ids (dflash-tui runs lists them)")
+                    cli_io.err("compare needs two or more run ids (dflash-tui runs lists them)")
                     return 2
             if name == "replay":
                 return _replay(args)
@@ -756,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         slip = _slip(args.target) if args.target else None  # `--headless stauts` too
         if slip is not None:
-            _err(f"unknown command {args.target!r}: did you mean {slip}?")
+            cli_io.err(f"unknown command {args.target!r}: did you mean {slip}?")
             return 2
         from dflash_tui import groups
 
@@ -765,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_fleet(args, group.hosts))
         return asyncio.run(_monitor(args, target_from(args, args.target)))
     except TargetError as e:
-        _err(str(e))
+        cli_io.err(str(e))
         return 2
     except KeyboardInterrupt:
         return 130
