@@ -23,7 +23,8 @@ One job per module:
             one signal to one member of it (the thread/process table's rows)
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
   identity  whose process a signal may reach: the run's, proven, or none
-  commands  every command's handler, by command record
+  commands  every command's handler, by command record, given the agent as the AgentState
+            it declares (the loop passes itself; commands never imports the loop)
   rank_watch  the followed job's heartbeat-rank files, re-read when they change
   rank_stacks  dump-stacks of a processes-mode job: every rank's dump, headed by its rank
   launch    starting a run under the launch lock (a restart's: `--resume` its parent)

@@ -1,8 +1,13 @@
 """Every command's handler, by its contract record. A handler returns the result's `data` or
-raises CommandError with a message for the operator; the loop answers either way."""
+raises CommandError with a message for the operator; the loop answers either way.
+
+Handlers are given the agent as `AgentState`: what they read and change of it, declared here.
+The loop's Agent has it, and passes itself; this table never imports the loop (the loop
+imports the table)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -11,13 +16,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dflash_tui.agent import artifacts
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
 from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, size_or_zero
+from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
 from dflash_tui.agent.launch import launch
@@ -30,6 +36,7 @@ from dflash_tui.agent.rank_stacks import (
     fresh_named_dump,
     rank_places,
 )
+from dflash_tui.agent.runs import RunRoot
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.nodes import NodePlace
 from trainer.contract.protocol import (
@@ -51,23 +58,41 @@ from trainer.contract.protocol import (
 )
 from trainer.contract.records import HEARTBEAT, LAUNCH_CONFIG, LaunchRecord, read_launch
 
-if TYPE_CHECKING:
-    from dflash_tui.agent.loop import Agent
-
 SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STACKS_BYTES = 1 << 22
 
 
-def _progress(agent: Agent, cmd: Command) -> Callable[[str], None]:
+class AgentState(Protocol):
+    """What a handler may use of the agent (loop.Agent): its arguments, run root, GPUs and
+    remote dir; what it follows, and how to follow another run or none; its events."""
+
+    args: argparse.Namespace
+    runs: RunRoot
+    gpus: Gpus
+    remote_dir: str
+    run_id: str | None  # the run followed now
+    follow_target: str | None  # a run id or "latest"; None until asked
+    from_start: list[str]  # files followed from byte 0 (FollowRun.from_start)
+
+    def progress(self, cmd: Command, message: str) -> None: ...
+
+    def set_follow(self, run_id: str, offsets: dict[str, int], resumed: bool = False) -> None: ...
+
+    def follow_nothing(self) -> None: ...
+
+    def emit_runs(self, alive: str | None = None, ids: list[str] | None = None) -> None: ...
+
+
+def _progress(agent: AgentState, cmd: Command) -> Callable[[str], None]:
     return lambda message: agent.progress(cmd, message)
 
 
 # -- quick: answered inline by the loop --------------------------------------------------------
-def ping(agent: Agent, cmd: Ping) -> dict[str, Any]:
+def ping(agent: AgentState, cmd: Ping) -> dict[str, Any]:
     return {"pong": time.time()}
 
 
-def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
+def follow(agent: AgentState, cmd: FollowRun) -> dict[str, Any]:
     target = cmd.run_id or "latest"
     agent.follow_target = target
     agent.from_start = list(cmd.from_start)  # and for the runs "latest" moves on to
@@ -85,13 +110,13 @@ def follow(agent: Agent, cmd: FollowRun) -> dict[str, Any]:
     return {"run_id": run_id}
 
 
-def list_runs(agent: Agent, cmd: ListRuns) -> dict[str, Any]:
+def list_runs(agent: AgentState, cmd: ListRuns) -> dict[str, Any]:
     agent.emit_runs()
     count = len(agent.runs.run_ids())
     return {"count": count, "refused": agent.runs.refused}
 
 
-def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
+def read_file(agent: AgentState, cmd: ReadFile) -> dict[str, Any]:
     """The end of one file of a run: a regular file directly in a real run dir, never what
     a symlink names (runs.open_in)."""
     if not SAFE_FILE.match(cmd.name):
@@ -117,7 +142,7 @@ def read_file(agent: Agent, cmd: ReadFile) -> dict[str, Any]:
 
 
 # -- long: each on a thread of its own -------------------------------------------------------
-def target_run(agent: Agent, run_id: str | None, need_alive: bool = True) -> str:
+def target_run(agent: AgentState, run_id: str | None, need_alive: bool = True) -> str:
     """The run a command is about: the one named, else the alive one, else (when it need not
     be alive) the latest."""
     run_id = run_id or agent.runs.alive_run()
@@ -137,7 +162,7 @@ def _check_node(node: NodePlace | None) -> None:
         raise CommandError(why, bad_input=True)
 
 
-def launch_run(agent: Agent, cmd: Launch) -> dict[str, Any]:
+def launch_run(agent: AgentState, cmd: Launch) -> dict[str, Any]:
     if not cmd.config_toml.strip():
         raise CommandError("launch needs the config file's text")
     if any("\n" in o for o in cmd.overrides):
@@ -156,7 +181,7 @@ def launch_run(agent: Agent, cmd: Launch) -> dict[str, Any]:
     )
 
 
-def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
+def kill_run(agent: AgentState, cmd: Kill) -> dict[str, Any]:
     run_id = target_run(agent, cmd.run_id, need_alive=not (cmd.ended_ok and cmd.run_id))
     try:
         return kill(
@@ -173,7 +198,7 @@ def kill_run(agent: Agent, cmd: Kill) -> dict[str, Any]:
         return {"run_id": run_id, "not_running": str(e)}  # nothing signalled: it had ended
 
 
-def restart(agent: Agent, cmd: Restart) -> dict[str, Any]:
+def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     """Kill the run (when alive and proven), then launch its config and overrides again in a
     new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
     one), or from step 0 when `fresh` or when it has none (the answer says which and why)."""
@@ -268,7 +293,7 @@ def _name_threads(text: str, run_dir: str) -> str:
     return _FH_THREAD.sub(label, text)
 
 
-def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
+def dump_stacks(agent: AgentState, cmd: DumpStacks) -> dict[str, Any]:
     """The named Python stacks of every thread (SIGUSR1, within NAMED_WAIT_S); when they do
     not come, faulthandler's C-level dump with the threads named (SIGUSR2); py-spy's native
     view too when it is installed."""
@@ -329,7 +354,7 @@ def dump_stacks(agent: Agent, cmd: DumpStacks) -> dict[str, Any]:
     return result
 
 
-def signal_member_process(agent: Agent, cmd: SignalProcess) -> dict[str, Any]:
+def signal_member_process(agent: AgentState, cmd: SignalProcess) -> dict[str, Any]:
     """One signal to one process of the run's proven group (a row of the thread/process
     table); refused, signalling nothing, unless proc_table.signal_member's checks hold."""
     run_id = cmd.run_id or agent.run_id
@@ -348,7 +373,7 @@ def compile_cache_dir() -> str:
     return os.path.join(base, "compile")
 
 
-def clear_compile_cache(agent: Agent, cmd: ClearCompileCache) -> dict[str, Any]:
+def clear_compile_cache(agent: AgentState, cmd: ClearCompileCache) -> dict[str, Any]:
     alive = agent.runs.alive_run()
     if alive:
         raise CommandError(f"run {alive} is alive: it uses the compile cache; kill it first")
@@ -364,24 +389,24 @@ def clear_compile_cache(agent: Agent, cmd: ClearCompileCache) -> dict[str, Any]:
     return {"path": path, "bytes": size, "existed": True}
 
 
-def deploy_release(agent: Agent, cmd: Deploy) -> Any:
+def deploy_release(agent: AgentState, cmd: Deploy) -> Any:
     return deploy(agent.remote_dir, cmd)
 
 
-def pull_artifacts(agent: Agent, cmd: PullArtifacts) -> dict[str, Any]:
+def pull_artifacts(agent: AgentState, cmd: PullArtifacts) -> dict[str, Any]:
     return artifacts.pull(os.path.join(compile_cache_dir(), "artifacts"), cmd)
 
 
-def push_artifacts(agent: Agent, cmd: PushArtifacts) -> dict[str, Any]:
+def push_artifacts(agent: AgentState, cmd: PushArtifacts) -> dict[str, Any]:
     return artifacts.push(agent.remote_dir, cmd)
 
 
-def export_drafter(agent: Agent, cmd: ExportDrafter) -> dict[str, Any]:
+def export_drafter(agent: AgentState, cmd: ExportDrafter) -> dict[str, Any]:
     run_id = target_run(agent, cmd.run_id, need_alive=False)
     return export(agent.runs, agent.remote_dir, agent.args.python, run_id, cmd)
 
 
-HANDLERS: dict[type[Command], Callable[[Agent, Any], Any]] = {
+HANDLERS: dict[type[Command], Callable[[AgentState, Any], Any]] = {
     Ping: ping,
     FollowRun: follow,
     ListRuns: list_runs,
