@@ -22,14 +22,15 @@ One job per module:
   proc_table  the followed run's proven process group sampled (pid, state, CPU, RSS), and
             one signal to one member of it (the thread/process table's rows)
   runs      the run root: which folders are runs, the launch lock, the one liveness rule
-  identity  whose process a signal may reach: the run's, proven, or none
+  identity  whose process a signal may reach: the run's, proven (`prove`, once per
+            command: the run dir, pid, start and group as `Proven`), or none
   commands  every command's handler, by command record, given the agent as the AgentState
             it declares (the loop passes itself; commands never imports the loop)
   rank_watch  the followed job's heartbeat-rank files, re-read when they change
   rank_stacks  dump-stacks of a processes-mode job: every rank's dump, headed by its rank
   launch    starting a run under the launch lock (a restart's: `--resume` its parent)
   resume    what a restart continues: a run's newest good checkpoint, read without torch
-  kill      stopping a run's process group and waiting for its GPU memory
+  kill      stopping a proven run's process group and waiting for its GPU memory
   deploy    unpacking a release, trusted by its hash before any of it runs
   export    the trainer's `export` of a run's drafter, run from the release into exports/
   wrap      the detached parent of one trainer run: starts it, writes exit.json

@@ -142,9 +142,10 @@ def read_file(agent: AgentState, cmd: ReadFile) -> dict[str, Any]:
 
 
 # -- long: each on a thread of its own -------------------------------------------------------
-def target_run(agent: AgentState, run_id: str | None, need_alive: bool = True) -> str:
+def target_run(agent: AgentState, run_id: str | None, need_alive: bool = True) -> tuple[str, str]:
     """The run a command is about: the one named, else the alive one, else (when it need not
-    be alive) the latest."""
+    be alive) the latest -> (its id, its dir: `RunRoot.checked_dir`, the one time the command
+    computes it)."""
     run_id = run_id or agent.runs.alive_run()
     if run_id in (None, "?"):
         if need_alive:
@@ -152,8 +153,7 @@ def target_run(agent: AgentState, run_id: str | None, need_alive: bool = True) -
         run_id = agent.runs.latest()
         if run_id is None:
             raise CommandError(f"no runs under {agent.runs.path}")
-    agent.runs.checked_dir(run_id)
-    return run_id
+    return run_id, agent.runs.checked_dir(run_id)
 
 
 def _check_node(node: NodePlace | None) -> None:
@@ -182,20 +182,16 @@ def launch_run(agent: AgentState, cmd: Launch) -> dict[str, Any]:
 
 
 def kill_run(agent: AgentState, cmd: Kill) -> dict[str, Any]:
-    run_id = target_run(agent, cmd.run_id, need_alive=not (cmd.ended_ok and cmd.run_id))
+    run_id, run_dir = target_run(agent, cmd.run_id, need_alive=not (cmd.ended_ok and cmd.run_id))
     try:
-        return kill(
-            agent.runs,
-            agent.gpus,
-            run_id,
-            cmd.timeout_s,
-            cmd.drain_timeout_s,
-            _progress(agent, cmd),
-        )
+        proven = prove(agent.runs, run_id, run_dir)  # refuses, signalling nothing
     except NotRunning as e:
         if not cmd.ended_ok:
             raise
         return {"run_id": run_id, "not_running": str(e)}  # nothing signalled: it had ended
+    return kill(
+        agent.runs, agent.gpus, proven, cmd.timeout_s, cmd.drain_timeout_s, _progress(agent, cmd)
+    )
 
 
 def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
@@ -203,8 +199,7 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
     one), or from step 0 when `fresh` or when it has none (the answer says which and why)."""
     _check_node(cmd.node)
-    run_id = target_run(agent, cmd.run_id, need_alive=False)
-    run_dir = agent.runs.checked_dir(run_id)
+    run_id, run_dir = target_run(agent, cmd.run_id, need_alive=False)
     record = read_launch(run_dir)
     try:
         config_toml = read_tail(run_dir, LAUNCH_CONFIG, 1 << 20)
@@ -215,15 +210,15 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     progress = _progress(agent, cmd)
     killed = None
     try:
-        prove(agent.runs, run_id)  # alive and proven: kill it first (kill proves it again)
+        proven = prove(agent.runs, run_id, run_dir)
     except NotRunning as e:
         progress(f"{e}; launching it again")
-    else:
-        killed = kill(agent.runs, agent.gpus, run_id, cmd.timeout_s, cmd.drain_timeout_s, progress)
+    else:  # alive and proven: kill it first
+        killed = kill(agent.runs, agent.gpus, proven, cmd.timeout_s, cmd.drain_timeout_s, progress)
     # Another node than 0 of a job starts fresh from the run's config: node 0 resumes, and
     # its ranks hand the position and the drafter to the others over torch.distributed.
     joins = cmd.node is not None and cmd.node.node_rank != 0
-    resume = None if cmd.fresh or joins else agent.runs.resume_point(run_id)
+    resume = None if cmd.fresh or joins else agent.runs.resume_point(run_id, run_dir)
     if resume is not None:
         progress(resume.describe())
     started = launch(
@@ -258,10 +253,11 @@ def _named_dump(run_dir: str, before: set[str], until: float) -> tuple[str, str]
         time.sleep(0.02)
 
 
-def _faulthandler_dump(proc: Proven, run_dir: str, wait_s: float) -> str | None:
+def _faulthandler_dump(proc: Proven, wait_s: float) -> str | None:
     """SIGUSR2: faulthandler's C-level dump of every thread (it runs even while the main
     thread is stuck in C code), appended to stacks-sigusr2.txt; what it appended, once the
     file has stopped growing."""
+    run_dir = proc.run_dir
     offset = size_or_zero(run_dir, FALLBACK_FILE)
     signal_process(proc, signal.SIGUSR2)
     deadline, text, last = time.monotonic() + wait_s, "", -1
@@ -297,9 +293,8 @@ def dump_stacks(agent: AgentState, cmd: DumpStacks) -> dict[str, Any]:
     """The named Python stacks of every thread (SIGUSR1, within NAMED_WAIT_S); when they do
     not come, faulthandler's C-level dump with the threads named (SIGUSR2); py-spy's native
     view too when it is installed."""
-    run_id = target_run(agent, cmd.run_id, need_alive=False)
-    run_dir = agent.runs.checked_dir(run_id)
-    proc = prove(agent.runs, run_id)
+    run_id, run_dir = target_run(agent, cmd.run_id, need_alive=False)
+    proc = prove(agent.runs, run_id, run_dir)
     t0 = time.monotonic()
     if places := rank_places(run_dir):  # processes mode: the launcher passes it on
         ranks_text, kind = dump_ranks(proc, places, cmd.timeout_s)
@@ -326,7 +321,7 @@ def dump_stacks(agent: AgentState, cmd: DumpStacks) -> dict[str, Any]:
     if found is not None:
         result.update(path=os.path.join(run_dir, found[0]), text=found[1], kind="named")
     else:
-        text = _faulthandler_dump(proc, run_dir, max(1.0, cmd.timeout_s - NAMED_WAIT_S))
+        text = _faulthandler_dump(proc, max(1.0, cmd.timeout_s - NAMED_WAIT_S))
         if text is None:
             raise CommandError(
                 f"no stack dump from pid {proc.pid}: no named dump within {NAMED_WAIT_S:.0f}s "
@@ -402,8 +397,8 @@ def push_artifacts(agent: AgentState, cmd: PushArtifacts) -> dict[str, Any]:
 
 
 def export_drafter(agent: AgentState, cmd: ExportDrafter) -> dict[str, Any]:
-    run_id = target_run(agent, cmd.run_id, need_alive=False)
-    return export(agent.runs, agent.remote_dir, agent.args.python, run_id, cmd)
+    run_id, run_dir = target_run(agent, cmd.run_id, need_alive=False)
+    return export(agent.remote_dir, agent.args.python, run_id, run_dir, cmd)
 
 
 HANDLERS: dict[type[Command], Callable[[AgentState, Any], Any]] = {

@@ -14,7 +14,6 @@ from typing import Any
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.launch import release_dir
 from dflash_tui.agent.resume import Checkpoints
-from dflash_tui.agent.runs import RunRoot
 from trainer.contract.protocol import ExportDrafter
 
 EXPORTS = "exports"
@@ -22,11 +21,11 @@ DTYPES = ("bfloat16", "float32")
 
 
 def export(
-    runs: RunRoot, remote_dir: str, python: str | None, run_id: str, cmd: ExportDrafter
+    remote_dir: str, python: str | None, run_id: str, run_dir: str, cmd: ExportDrafter
 ) -> dict[str, Any]:
+    """`run_dir`: the run's, as the command checked it (`RunRoot.checked_dir`)."""
     if cmd.dtype not in DTYPES:
         raise CommandError(f"dtype {cmd.dtype!r}: one of {', '.join(DTYPES)}", bad_input=True)
-    run_dir = runs.checked_dir(run_id)
     step = cmd.step
     if step is None:
         choice = Checkpoints().choice(run_dir)

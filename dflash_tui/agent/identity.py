@@ -4,7 +4,8 @@ A run's files name its process by pid, process group and start time (`proc_start
 at launch by the wrapper, and by the heartbeat of schema 2). A pid alone names nothing: once
 the run ends the kernel hands the number to the next process. So before any signal (kill,
 restart, dump stacks, py-spy, and every TUI key or row action: they are all agent commands)
-`prove` shows that the recorded process is still the run's:
+`prove` shows, once per command (or thread-table sample), that the recorded process is still
+the run's:
 
 - it lives, on this host, and started at the tick recorded for the run;
 - it is still in the recorded process group;
@@ -18,6 +19,12 @@ A run dir with no start time recorded (schema 1, an older trainer) proves nothin
 never guessed. Any other process a signal reaches must be a member of that process group,
 looked at while a proven member still lives in it (`Group`): the kernel gives a group's
 number to no other process while any member lives.
+
+What `prove` returns, `Proven`, is all the rest of the command needs of the run: its dir (as
+the command checked it, `RunRoot.checked_dir`: computed once per command), its pid, start
+time and group. A kill, a restart and a dump of stacks each prove once, then pass it on
+(kill.py, rank_stacks.py, rank_pyspy.py); each signal after that goes only to that process
+(`signal_process`, re-checked by `still`) or its group (`Group`).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from dflash_tui.agent.procs import (
     proc_start,
     ticks_to_s,
 )
-from dflash_tui.agent.runs import Process, RunRoot, newest_checkpoint
+from dflash_tui.agent.runs import Process, RunRoot, newest_checkpoint, read_process
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.outcomes import outcome_of
 from trainer.contract.records import HEARTBEAT, ExitRecord, read_exit
@@ -52,12 +59,13 @@ class NotRunning(CommandError):
 
 @dataclasses.dataclass(frozen=True)
 class Proven:
-    """A run's process, proven to be it just now."""
+    """A run, proven just now: its process (pid, its start time, its group) and its dir."""
 
     run_id: str
     pid: int
     pgid: int
     start: int
+    run_dir: str  # RunRoot.checked_dir(run_id), as the command that proved it checked it
 
 
 def _span(seconds: float) -> str:
@@ -83,10 +91,9 @@ def _reused(pid: int, recorded: int, now: int) -> str:
     )
 
 
-def _ended(runs: RunRoot, run_id: str) -> str | None:
-    """When and how the run ended ("ended 3h ago (stopped at step 40)") when it has an exit
-    record (written once the trainer has exited); else None."""
-    d = runs.run_dir(run_id)
+def _ended(d: str) -> str | None:
+    """When and how the run in `d` ended ("ended 3h ago (stopped at step 40)") when it has
+    an exit record (written once the trainer has exited); else None."""
     ended = read_exit(d)
     if ended is None:
         return None
@@ -154,17 +161,18 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
     return None
 
 
-def prove(runs: RunRoot, run_id: str) -> Proven:
-    """The run's process, proven (see the module's rule); else NotRunning when nothing of
-    the run lives, or CommandError when it cannot be proven. Nothing is signalled here."""
-    runs.checked_dir(run_id)
-    proc = runs.process(run_id)
+def prove(runs: RunRoot, run_id: str, run_dir: str) -> Proven:
+    """The run, proven (see the module's rule); else NotRunning when nothing of the run
+    lives, or CommandError when it cannot be proven. Nothing is signalled here. `run_dir` is
+    `runs.checked_dir(run_id)`, which the caller has just computed: a real folder directly
+    under the run root, never a symlink."""
+    proc = read_process(run_dir)
     why = _unproven(runs, proc)
     if why is None:
         assert proc.pid is not None and proc.pgid is not None and proc.start is not None
-        return Proven(run_id, proc.pid, proc.pgid, proc.start)
+        return Proven(run_id, proc.pid, proc.pgid, proc.start, run_dir)
     gone, text = why
-    ended = _ended(runs, run_id)
+    ended = _ended(run_dir)
     if ended is not None:
         # exit.json is written once the trainer has exited: a live pid is someone else's.
         raise NotRunning(f"run {run_id} {ended}; {text}: not signalled")

@@ -1,7 +1,8 @@
 """Stopping a run: SIGTERM to its process group, SIGKILL after a timeout, then waiting until
 its GPU memory is released (the next run needs it), and reading the exit record and how the
-run ended (its outcome: where it stopped, what a restart resumes from). Only a group proven
-to be the run's is signalled (identity.py)."""
+run ended (its outcome: where it stopped, what a restart resumes from). It is given the run
+as the command proved it (`identity.Proven`: its dir and process) and signals that group
+only (`identity.Group`); it proves nothing again and computes no path of the run again."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_tui.agent.gpus import Gpus
-from dflash_tui.agent.identity import Group, prove
+from dflash_tui.agent.identity import Group, Proven
 from dflash_tui.agent.runs import RunRoot, newest_checkpoint
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.outcomes import outcome_of
@@ -35,12 +36,13 @@ def gpu_entries(gpus: Gpus) -> GpuEntries | None:
 def kill(
     runs: RunRoot,
     gpus: Gpus,
-    run_id: str,
+    proven: Proven,
     timeout: float,
     drain_timeout: float,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    group = Group(prove(runs, run_id))  # refuses, signalling nothing, unless proven
+    """Stop the proven run (identity.prove, by the caller, just before)."""
+    group = Group(proven)
     before = gpu_entries(gpus)
     t0 = time.monotonic()
     used = "SIGTERM"
@@ -66,7 +68,7 @@ def kill(
     orphans = group.members()
     drain_s, held = wait_drain(gpus, pids, before, drain_timeout, progress)
     # The wrapper records the exit; give it a moment.
-    run_dir = runs.run_dir(run_id)
+    run_dir = proven.run_dir
     end = time.monotonic() + 5
     while read_exit(run_dir) is None and time.monotonic() < end:
         time.sleep(0.05)
@@ -78,12 +80,12 @@ def kill(
         hb if isinstance(hb, Heartbeat) else None,
         exit_record,
         newest_checkpoint(run_dir),
-        resume=runs.resume_point(run_id),
+        resume=runs.resume_point(proven.run_id, run_dir),
     )
     drained = "" if drain_s is None else f", GPU memory released after {drain_s:.1f}s"
     progress(f"stopped in {stop_s:.1f}s{drained}")
     return {
-        "run_id": run_id,
+        "run_id": proven.run_id,
         "signal": used,
         "pids": pids,
         "stop_s": stop_s,

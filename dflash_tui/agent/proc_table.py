@@ -68,12 +68,12 @@ class ProcTable:
 
     def sample(self, run_id: str) -> ProcsEvent:
         try:
-            proven = prove(self.runs, run_id)
+            proven = prove(self.runs, run_id, self.runs.checked_dir(run_id))
         except CommandError as e:  # ended, or not proven: nothing of it is listed
             self._ticks.clear()
             return ProcsEvent(run_id=run_id, note=str(e).removesuffix(": not signalled"))
         group = Group(proven)
-        wrapper_pid = self._wrapper_pid(run_id)
+        wrapper_pid = self._wrapper_pid(proven.run_dir)
         if not self._ticks:  # a run's first sample: its CPU use over a short interval
             self._ticks = self._read_all(proven.pgid, group.members(), wrapper_pid)[2]
             time.sleep(FIRST_INTERVAL_S)
@@ -85,9 +85,9 @@ class ProcTable:
             run_id=run_id, pgid=proven.pgid, leader=proven.pid, procs=procs, wrapper=wrapper
         )
 
-    def _wrapper_pid(self, run_id: str) -> int | None:
+    def _wrapper_pid(self, run_dir: str) -> int | None:
         """The launch wrapper's pid as launch.json records it (a run started by hand has none)."""
-        launch = read_launch(self.runs.run_dir(run_id))
+        launch = read_launch(run_dir)
         return launch.wrapper_pid if isinstance(launch, LaunchRecord) else None
 
     def _read_all(
@@ -149,7 +149,7 @@ def signal_member(runs: RunRoot, run_id: str, pid: int, start: int, sig_name: st
             f"signal {sig_name[:20]!r}: not one a row may send ({', '.join(PROCESS_SIGNALS)})",
             bad_input=True,
         )
-    proven = prove(runs, run_id)  # refuses, signalling nothing, unless the run is proven
+    proven = prove(runs, run_id, runs.checked_dir(run_id))  # refuses, signalling nothing
     refused = f"pid {pid}: not signalled"
     if pid <= 1:
         raise CommandError(f"{refused}: not a process of run {run_id}")

@@ -97,6 +97,15 @@ def process_of(launch: LaunchRecord | None, hb: Heartbeat | None) -> Process:
     return known
 
 
+def read_process(run_dir: str) -> Process:
+    """The run's process as the files in `run_dir` name it (process_of)."""
+    launch, hb = read_launch(run_dir), read_heartbeat(os.path.join(run_dir, HEARTBEAT))
+    return process_of(
+        launch if isinstance(launch, LaunchRecord) else None,
+        hb if isinstance(hb, Heartbeat) else None,
+    )
+
+
 def is_alive(run_id: str, alive_run: str | None, has_exit: bool, proc: Process) -> bool:
     """THE liveness rule; the runs list and the liveness event both ask it.
 
@@ -378,21 +387,13 @@ class RunRoot:
         )
 
     # -- one run ---------------------------------------------------------------------------
-    def process(self, run_id: str) -> Process:
-        d = self.run_dir(run_id)
-        launch, hb = read_launch(d), read_heartbeat(os.path.join(d, HEARTBEAT))
-        return process_of(
-            launch if isinstance(launch, LaunchRecord) else None,
-            hb if isinstance(hb, Heartbeat) else None,
-        )
-
     def liveness(
         self, run_id: str, alive_run: str | None
     ) -> tuple[bool, Process, ExitRecord | None]:
         """(alive, its process, its exit record) for the liveness event."""
         d = self.run_dir(run_id)
         exit_read = read_exit(d)
-        proc = self.process(run_id)
+        proc = read_process(d)
         alive = is_alive(run_id, alive_run, exit_read is not None, proc)
         return alive, proc, exit_read if isinstance(exit_read, ExitRecord) else None
 
@@ -406,7 +407,7 @@ class RunRoot:
         exit_record = _readable(exit_read, EXIT, unreadable)
         alive = is_alive(run_id, alive_run, exit_read is not None, process_of(launch, hb))
         checkpoint = newest_checkpoint(d)
-        resume = self.resume_point(run_id)
+        resume = self.resume_point(run_id, d)
         outcome = outcome_of(alive, hb, exit_record, checkpoint, resume=resume)
         recorded_error = (hb is not None and hb.error is not None) or bool(
             exit_record and exit_record.error
@@ -442,26 +443,26 @@ class RunRoot:
             checkpoints=checkpoint_use(d, config),
         )
 
-    def resume_point(self, run_id: str) -> ResumePoint:
-        """Where a restart of `run_id` continues: its newest good checkpoint. A run with none
-        of its own that was itself resumed (launch.json's `resumed_from`) continues from its
-        parent's, and so on back: a resumed run SIGKILLed before its first checkpoint does
-        not send the next restart back to step 0. Once a parent is used, every skipped name
-        is prefixed with its run id."""
+    def resume_point(self, run_id: str, run_dir: str) -> ResumePoint:
+        """Where a restart of `run_id` (in `run_dir`, as the caller has it) continues: its
+        newest good checkpoint. A run with none of its own that was itself resumed
+        (launch.json's `resumed_from`) continues from its parent's, and so on back: a resumed
+        run SIGKILLed before its first checkpoint does not send the next restart back to step
+        0. Once a parent is used, every skipped name is prefixed with its run id."""
         skipped: list[tuple[str, str, str]] = []  # (run id, name, why)
-        current, seen = run_id, {run_id}
+        current, current_dir, seen = run_id, run_dir, {run_id}
         point = ResumePoint(run_id)
         for _ in range(MAX_LINEAGE):
-            choice = self.checkpoints.choice(self.run_dir(current))
+            choice = self.checkpoints.choice(current_dir)
             skipped += [(current, n, why) for n, why in choice.skipped]
             if choice.name is not None:
                 point = ResumePoint(current, choice.name, choice.step, choice.verified)
                 break
-            parent = self._parent(current)
+            parent = self._parent(current_dir)
             if parent is None or parent in seen:
                 break
             skipped.append((current, "", "no good checkpoint of its own: its parent's"))
-            current = parent
+            current, current_dir = parent, self.run_dir(parent)
             seen.add(parent)
         lineage = current != run_id
         point.skipped = [
@@ -469,9 +470,9 @@ class RunRoot:
         ]
         return point
 
-    def _parent(self, run_id: str) -> str | None:
-        """The run `run_id` resumed from, when it is a run under this root."""
-        launch = read_launch(self.run_dir(run_id))
+    def _parent(self, run_dir: str) -> str | None:
+        """The run the run in `run_dir` resumed from, when it is a run under this root."""
+        launch = read_launch(run_dir)
         parent = launch.resumed_from if isinstance(launch, LaunchRecord) else None
         return parent if parent and self.is_run(parent) else None
 

@@ -62,7 +62,9 @@ def test_only_a_proven_child_of_the_launcher_is_attached_to(tmp_path: Path, monk
         rank_pid = int(launcher.stdout.readline())
         start, group = proc_start(launcher.pid), proc_group(launcher.pid)
         assert start is not None and group is not None
-        proc = Proven(run_id="job", pid=launcher.pid, pgid=group, start=start)
+        proc = Proven(
+            run_id="job", pid=launcher.pid, pgid=group, start=start, run_dir=str(tmp_path)
+        )
         assert launcher_children(proc) == {rank_pid}
         places = [
             RankPlace(0, beat(0, rank_pid), None),
