@@ -5,8 +5,10 @@ child, and a forged rank file naming a process that is no child of it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,11 +23,17 @@ from dflash_tui.agent.rank_stacks import RankPlace
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat
 
 # A launcher whose one child runs "the trainer" (its argv names it, as torchrun's ranks'
-# `python -m trainer` does), and prints the child's pid.
+# `python -m trainer` does), and prints the child's pid once the child has exec'd: Popen
+# returns after the fork, when /proc/KID/cmdline can still be the launcher's (under load the test
+# then read a child that did not yet run the trainer).
 LAUNCHER = (
     "import subprocess, sys, time\n"
     "kid = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)',"
     " 'trainer'])\n"
+    "deadline = time.monotonic() + 30\n"
+    "while b'trainer' not in open(f'/proc/{kid.pid}/cmdline', 'rb').read().split(bytes(1))"
+    " and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
     "print(kid.pid, flush=True)\n"
     "time.sleep(120)\n"
 )
@@ -57,6 +65,7 @@ def test_only_a_proven_child_of_the_launcher_is_attached_to(tmp_path: Path, monk
     monkeypatch.setenv("PATH", f"{VENV_BIN}:{os.environ.get('PATH', '')}")
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
     stranger = subprocess.Popen(["sleep", "60"])  # the test's child, not the launcher's
+    rank_pid = 0
     try:
         assert launcher.stdout is not None
         rank_pid = int(launcher.stdout.readline())
@@ -82,3 +91,6 @@ def test_only_a_proven_child_of_the_launcher_is_attached_to(tmp_path: Path, monk
         for p in (launcher, stranger):
             p.kill()
             p.wait()
+        if rank_pid:  # the launcher's child, which its SIGKILL leaves behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank_pid, signal.SIGKILL)
