@@ -32,6 +32,11 @@ class TargetConfig:
     path: str = "builtin:tiny-qwen3"
     # "auto": bf16 on CUDA, float32 on CPU.
     dtype: str = "auto"
+    # A packed row's full attention (documents kept apart): "varlen" (torch's varlen flash
+    # kernel given the documents' boundaries: CUDA, bf16/fp16, torch >= 2.10), "mask" (a
+    # boolean block-diagonal mask through SDPA, which leaves its flash kernel), "auto"
+    # (varlen where it can run, else mask).
+    packed_attention: str = "auto"
 
 
 @dataclass
@@ -173,6 +178,7 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "target.dtype": ("auto", "bfloat16", "float16", "float32"),
+    "target.packed_attention": ("auto", "varlen", "mask"),
     "data.format": ("auto", "sharegpt", "text", "tokens"),
     "train.loss_impl": ("fused", "checkpoint"),
     "train.attention": ("auto", "flex", "sdpa"),

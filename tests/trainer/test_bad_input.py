@@ -140,6 +140,16 @@ CASES: list[tuple[str, Any, list[str]]] = [
     ("unknown-key", ["--set", "train.lrr=1"], ["train.lrr = 1: unknown key (did you mean"]),
     ("max-steps-word", ["--max-steps", "abc"], ["--max-steps", "'abc'"]),
     (
+        "packed-attention-choice",
+        ["--set", "target.packed_attention=flash"],
+        ['config: target.packed_attention = "flash": expected one of auto, varlen, mask'],
+    ),
+    (
+        "varlen-on-cpu",
+        ["--set", "target.packed_attention=varlen"],
+        ["target.packed_attention: 'varlen': varlen attention needs CUDA"],
+    ),
+    (
         "compile-cache-on-a-file",
         lambda t: ["--set", f"runtime.compile_cache_dir={json.dumps(_file(t))}"],
         ["runtime.compile_cache_dir", "taken", "cannot create the folder"],

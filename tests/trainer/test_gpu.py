@@ -140,6 +140,42 @@ def test_packed_hybrid_forward_with_fla_equals_each_document_alone(tiny_hybrid_t
 
 
 @cuda
+def test_packed_varlen_forward_equals_each_document_alone(tiny_target_dir):
+    """torch's varlen flash kernel on a packed row (bf16, the documents' boundaries from the
+    host's position_ids, as the pipeline builds them): each document's features equal its
+    own unpacked forward, and the mask path's, to bf16 rounding. (The hybrid's plumbing is
+    checked on the CPU with a reference kernel: test_target_packing.py.)"""
+    from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
+
+    folder = tiny_target_dir
+    info = read_target_info(folder)
+    ids_read = default_target_layer_ids(info.num_layers, 2)
+    dev = torch.device("cuda")
+    target = load_target(folder, ids_read, torch.bfloat16, dev, packed_attention="varlen")
+    masked = load_target(folder, ids_read, torch.bfloat16, dev, packed_attention="mask")
+    f = target.features
+    assert f.packed_attention == "varlen" and masked.features.packed_attention == "mask"
+    lengths = [70, 5, 130, 51]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (1, sum(lengths)), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    packed = f(ids.cuda(), pos.cuda(), f.packed_docs(pos, dev)).float()
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
+    # bf16 through 8 layers: ~1e-2 of the features' norm apart at most.
+    assert rel(packed, masked.features(ids.cuda(), pos.cuda()).float()) < 2e-2
+    at = 0
+    for n in lengths:
+        alone = f(ids[:, at : at + n].cuda()).float()
+        assert rel(packed[:, at : at + n], alone) < 2e-2, n
+        at += n
+    # Without the boundaries the later documents differ: the test can fail.
+    assert rel(f(ids.cuda()).float()[:, 80:], packed[:, 80:]) > 0.1
+
+
+@cuda
 def test_artifacts_one_host_saved_warm_a_fresh_ones_first_compile(tmp_path):
     """A run saves its compile caches as one portable blob after the warm-up; a run on a
     fresh cache (a new container) given that blob, as deploy ships it, compiles nothing new."""

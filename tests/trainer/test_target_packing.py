@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainer.targets.load import load_target
-from trainer.targets.packing import DocBounds
+from trainer.targets.packing import (
+    PACKED_KERNELS,
+    DocBounds,
+    PackedDocs,
+    install_packed_attention,
+)
 
 CPU = torch.device("cpu")
 
@@ -79,3 +87,90 @@ def test_one_document_per_row_matches_the_unpacked_path(form, request):
     ids = torch.randint(4, 300, (2, 90), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(90).expand(2, -1)
     torch.testing.assert_close(t.features(ids, pos), t.features(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_docs_from_host_positions():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1], [5, 6, 0, 1, 2, 3, 0]])
+    docs = PackedDocs.from_positions(pos, CPU)
+    assert docs.cu_seqlens.dtype == torch.int32
+    assert docs.cu_seqlens.tolist() == [0, 3, 5, 7, 9, 13, 14]
+    assert docs.max_len == 4
+
+
+def _reference_kernel(calls: list[int]):
+    """What varlen computes (causal attention inside each document of the flattened batch),
+    one document at a time through SDPA, in HF's layouts: the CPU stand-in for the CUDA
+    kernel, so the plumbing around it runs on the real tiny targets here."""
+
+    def kernel(query, key, value, docs, scaling):
+        calls.append(1)
+        B, Hq, S, D = query.shape
+        q = query.transpose(1, 2).reshape(B * S, Hq, D)
+        k = key.transpose(1, 2).reshape(B * S, key.shape[1], D)
+        v = value.transpose(1, 2).reshape(B * S, key.shape[1], D)
+        out = torch.empty_like(q)
+        cu = docs.cu_seqlens.tolist()
+        for a, b in itertools.pairwise(cu):
+            o = F.scaled_dot_product_attention(
+                q[a:b].transpose(0, 1),
+                k[a:b].transpose(0, 1),
+                v[a:b].transpose(0, 1),
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=True,
+            )
+            out[a:b] = o.transpose(0, 1)
+        return out.view(B, S, Hq, D)
+
+    return kernel
+
+
+@pytest.mark.parametrize("form", ["tiny_target_dir", "tiny_hybrid_target_dir"])
+def test_packed_kernel_path_equals_each_document_alone(form, request, monkeypatch):
+    """The varlen path (HF's full-attention layers handed the documents' boundaries through
+    the registered attention function) with the reference kernel in varlen's place: each
+    document's features are those of the document alone, and the kernel ran once per
+    full-attention layer. Without the kernel, attention would run causal over the whole
+    row and the documents would leak into each other."""
+    t = load_target(request.getfixturevalue(form), [1, 3, 6, 7], torch.float32, CPU)
+    f = t.features
+    calls: list[int] = []
+    monkeypatch.setitem(PACKED_KERNELS, "reference", _reference_kernel(calls))
+    install_packed_attention()
+    monkeypatch.setattr(f, "packed_attention", "varlen")
+    monkeypatch.setattr(f, "packed_kernel", "reference")
+    docs, ids, pos = _packed_batch(0)
+    packed = f(ids, pos, f.packed_docs(pos, CPU))
+    full_layers = sum(not linear for linear in f.linear)
+    assert len(calls) == full_layers > 0
+    for r, row in enumerate(docs):
+        start = 0
+        for k, doc in enumerate(row):
+            alone = f(doc[None])[0]
+            if not (r == 0 and k == len(row) - 1):  # padding: never read
+                got = packed[r, start : start + len(doc)]
+                torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+            start += len(doc)
+
+
+def test_the_registered_function_is_hf_sdpa_for_every_other_call(tiny_target_dir):
+    """Installed once per process as HF's "sdpa": a call without a packed row's boundaries
+    (the unpacked path, the held-out eval's decode) is HF's own SDPA function, bit for bit."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    install_packed_attention()
+    fn = AttentionInterface._global_mapping["sdpa"]
+    assert getattr(fn, "dflash_packed", False)
+    t = load_target(tiny_target_dir, [1, 3], torch.float32, CPU)
+    module = t.model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 9, 16, generator=g)
+    k = torch.randn(2, 2, 9, 16, generator=g)
+    v = torch.randn(2, 2, 9, 16, generator=g)
+    mask = torch.rand(2, 1, 9, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    for m in (None, mask):
+        got, _ = fn(module, q, k, v, m, dropout=0.0, scaling=0.25)
+        want, _ = sdpa_attention_forward(module, q, k, v, m, dropout=0.0, scaling=0.25)
+        assert torch.equal(got, want)

@@ -135,12 +135,14 @@ class TargetRankPipeline(_RankPipeline):
             self.state.thread_state("forward")
             with clock.work(STAGE_FORWARD), torch.no_grad():
                 self.faults.check("target", n, t)
+                # A packed row's document boundaries for varlen, from the host's copy.
+                docs = features_of.packed_docs(blocks.batch.position_ids, dev)
                 on_dev = blocks.to(dev, non_blocking=True)
                 b = on_dev.batch
                 if b.position_ids is None:
                     features = features_of(b.input_ids)
                 else:
-                    features = features_of(b.input_ids, b.position_ids)
+                    features = features_of(b.input_ids, b.position_ids, docs)
             r = (g - self.g0) % self.D
             dst = self.layout.drafter_rank(r)
             try:

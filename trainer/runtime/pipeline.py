@@ -256,12 +256,14 @@ class Pipeline:
             self.state.thread_state("forward")
             with clock.work(STAGE_FORWARD):
                 self.faults.check("target", n, t)  # inside: a slowed target's forward is slow
+                # A packed row's document boundaries for varlen, from the host's copy.
+                docs = features_of.packed_docs(blocks.batch.position_ids, dev)
                 on_dev = blocks.to(dev, non_blocking=True)
                 b = on_dev.batch
                 if b.position_ids is None:
                     features = features_of(b.input_ids)
                 else:  # packed: the target keeps the documents apart
-                    features = features_of(b.input_ids, b.position_ids)
+                    features = features_of(b.input_ids, b.position_ids, docs)
             r = (g - self.g0) % self.D
             dst = self.run.drafter_devices[r]
             self.state.thread_state("copy to drafter")

@@ -44,6 +44,7 @@ from trainer.targets.load import (
     load_tokenizer,
     read_target_info,
     resolve_dtype,
+    resolve_packed_attention,
 )
 
 LOADER_UNIT = "target copies"  # the loader ends while compiling: its count stays its own
@@ -62,6 +63,7 @@ class TargetLoader(threading.Thread):
         span: tuple[Callable[[], None], Callable[[], None]],
         delay_s: float = 0.0,
         embeddings_only: bool = False,
+        packed_attention: str = "auto",
     ) -> None:
         super().__init__(name="target-loader", daemon=True)
         # transformers resolves its classes lazily, and a lazy import racing another thread's
@@ -73,6 +75,7 @@ class TargetLoader(threading.Thread):
         self.dtype_name, self.progress = dtype_name, progress
         self.span, self.delay_s = span, delay_s
         self.embeddings_only = embeddings_only  # a drafter rank: no target layers
+        self.packed_attention = packed_attention  # target.packed_attention
         self._targets: dict[torch.device, LoadedTarget] = {}
         self._error: BaseException | None = None
 
@@ -86,7 +89,9 @@ class TargetLoader(threading.Thread):
                 if self.embeddings_only:
                     self._targets[dev] = load_embeddings(self.path, dtype, dev)
                 else:
-                    self._targets[dev] = load_target(self.path, self.layer_ids, dtype, dev)
+                    self._targets[dev] = load_target(
+                        self.path, self.layer_ids, dtype, dev, self.packed_attention
+                    )
                 self.progress(i + 1)  # counted in target copies only (build_run)
         except BaseException as e:  # re-raised on the main thread by result()
             self._error = e
@@ -257,6 +262,11 @@ def build_run(
     settings = loss_settings(cfg, drafter_devices[0])
     for dev in drafter_devices[1:]:
         loss_settings(cfg, dev)  # refuses flex on a CPU replica too
+    if run_target:  # refuses varlen where it cannot run, before anything loads
+        for dev in target_devices:
+            resolve_packed_attention(
+                cfg.target.packed_attention, dev, resolve_dtype(cfg.target.dtype, dev)
+            )
     with reporting(lambda unit, done, total: _built(phase, progress, unit, done, total)):
         data_path = resolve_data_path(cfg.data.path)  # a builtin may be built here, once
         target_path = resolve_target_path(cfg.target.path)
@@ -336,6 +346,7 @@ def build_run(
         load_span,
         faults.slow_s("load_target"),
         embeddings_only=not run_target,
+        packed_attention=cfg.target.packed_attention,
     )
     loader.start()
     optimizer = make_optimizer(primary, cfg.train, drafter_devices[0])

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from trainer.targets.packing import DocBounds, hybrid_layer_packed
+from trainer.targets.packing import (
+    DocBounds,
+    PackedDocs,
+    hybrid_layer_packed,
+    install_packed_attention,
+    varlen_supported,
+)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -27,6 +33,19 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     span = num_target_layers - 4
     # Python's round (half to even), as the reference implementation uses.
     return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def resolve_packed_attention(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`target.packed_attention` for a target on `device` in `dtype`: "varlen" or "mask".
+    "varlen" named where it cannot run is bad input (a one-line ValueError)."""
+    if name == "mask":
+        return "mask"
+    why = varlen_supported(device, dtype)
+    if why is None:
+        return "varlen"
+    if name == "auto":
+        return "mask"
+    raise ValueError(f"target.packed_attention: 'varlen': {why}; use 'auto' or 'mask'")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -81,9 +100,22 @@ class TargetFeatures(nn.Module):
     `output_hidden_states`, and a packed row against its documents run alone.
     """
 
-    def __init__(self, base: nn.Module, layer_ids: list[int], full_num_layers: int) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        layer_ids: list[int],
+        full_num_layers: int,
+        packed_attention: str = "mask",
+    ) -> None:
         super().__init__()
         self.base = base
+        # How a packed row's full-attention layers keep documents apart: "varlen" (torch's
+        # varlen flash kernel, given the documents' boundaries; CUDA) or "mask" (a boolean
+        # block-diagonal mask through SDPA). `resolve_packed_attention` chose it.
+        self.packed_attention = packed_attention
+        self.packed_kernel = "varlen"  # which of target_packing.PACKED_KERNELS (bench: flex)
+        if packed_attention != "mask":
+            install_packed_attention()
         self.layer_ids = list(layer_ids)
         # HF's hidden_states[L] (the very last one) is the *normed* final output; a truncated
         # model would not norm it, so emulate that for an explicitly chosen last layer.
@@ -96,26 +128,48 @@ class TargetFeatures(nn.Module):
         # same position on all three axes.
         self.mrope = getattr(getattr(base, "config", None), "model_type", "").startswith("qwen3_5")
 
+    def packed_docs(self, position_ids: Tensor | None, device: torch.device) -> PackedDocs | None:
+        """What `forward` needs of a packed batch for varlen attention, built from its
+        host-side `position_ids` before they are copied (so the forward never waits on the
+        GPU for them); None when this target does not run varlen."""
+        if position_ids is None or self.packed_attention != "varlen":
+            return None
+        return PackedDocs.from_positions(position_ids, device)
+
     @torch.no_grad()
-    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        docs: PackedDocs | None = None,
+    ) -> Tensor:
         """int64 [B, S] -> [B, S, n*H].
 
         `position_ids` (int64 [B, S]) packs several documents in a row: each starts where
         its position is 0 (and at column 0). Every document's features are then exactly
-        those of the document alone: full attention gets a block-diagonal causal mask and
-        RoPE the restarting positions; Gated DeltaNet layers keep documents apart
-        (`target_packing`). None (no packing): one document per row, no mask built.
+        those of the document alone: full attention keeps to each document (varlen
+        attention on the documents' boundaries, `docs` when given, else a block-diagonal
+        causal mask) and RoPE reads the restarting positions; Gated DeltaNet layers keep
+        documents apart (`target_packing`). None (no packing): one document per row, no
+        mask built.
         """
         base: Any = self.base
         hidden = base.embed_tokens(input_ids)
         bounds: DocBounds | None = None
         mask: Tensor | None = None
+        attn_kwargs: dict[str, Any] = {}
         if position_ids is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
         else:
             positions = position_ids
-            bounds = DocBounds.from_positions(position_ids)
-            mask = bounds.attention_mask()
+            if self.packed_attention == "varlen":
+                if docs is None:
+                    docs = PackedDocs.from_positions(position_ids, input_ids.device)
+                attn_kwargs = {"dflash_docs": docs, "dflash_kernel": self.packed_kernel}
+            else:
+                mask = DocBounds.from_positions(position_ids).attention_mask()
+            if any(self.linear):
+                bounds = DocBounds.from_positions(position_ids)
         rope_positions = positions
         if self.mrope:  # Qwen3.5's rotary takes (3, B, S): text positions on all three axes
             rope_positions = positions[None].expand(3, *positions.shape)
@@ -127,7 +181,11 @@ class TargetFeatures(nn.Module):
                 hidden = hybrid_layer_packed(layer, hidden, bounds)
             else:
                 out = layer(
-                    hidden, attention_mask=mask, position_ids=positions, position_embeddings=rope
+                    hidden,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    position_embeddings=rope,
+                    **attn_kwargs,
                 )
                 hidden = out[0] if isinstance(out, tuple) else out
             if i in wanted:
@@ -232,7 +290,11 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
 
 
 def load_target(
-    path: Path, layer_ids: list[int], dtype: torch.dtype, device: torch.device
+    path: Path,
+    layer_ids: list[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    packed_attention: str = "auto",
 ) -> LoadedTarget:
     """Load the text model's layers 0..max(layer_ids) only, through HF's `from_pretrained`.
 
@@ -271,11 +333,20 @@ def load_target(
         raise ValueError(f"target {path}: weights missing from the checkpoint: {missing[:4]}")
     model.to(device).eval().requires_grad_(False)
     base = model.model
+    packed = resolve_packed_attention(packed_attention, device, dtype)
+    if packed == "varlen" and base.config._attn_implementation != "sdpa":
+        # HF calls another attention function than the one varlen is registered as.
+        if packed_attention == "varlen":
+            raise ValueError(
+                "target.packed_attention: 'varlen': the target's attention implementation is "
+                f"{base.config._attn_implementation!r}, not 'sdpa'"
+            )
+        packed = "mask"
     embed = base.embed_tokens.weight
     head = model.get_output_embeddings().weight
     info = read_target_info(path)
     return LoadedTarget(
-        features=TargetFeatures(base, layer_ids, full),
+        features=TargetFeatures(base, layer_ids, full, packed),
         embed_weight=embed,
         lm_head_weight=head,
         info=info,
@@ -300,8 +371,15 @@ class NoFeatures:
     """A drafter rank's stand-in for the target's layers: it holds the embedding and head
     only (processes mode), and never runs a target forward."""
 
-    def __call__(self, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    packed_attention = "mask"
+
+    def __call__(
+        self, input_ids: Tensor, position_ids: Tensor | None = None, docs: Any = None
+    ) -> Tensor:
         raise RuntimeError("this process loaded the target's embedding and head only")
+
+    def packed_docs(self, position_ids: Tensor | None, device: torch.device) -> None:
+        return None
 
 
 # Where a checkpoint keeps the text model's embedding and head: `model.` for Qwen3 and the

@@ -34,6 +34,7 @@ the H200 by `bench/hybrid_forward.py` and tests/trainer/test_gpu.py).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,3 +182,136 @@ def hybrid_layer_packed(layer: Any, hidden: Tensor, bounds: DocBounds) -> Tensor
     h = gated_deltanet_packed(layer.linear_attn, layer.input_layernorm(hidden), bounds)
     hidden = residual + h
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+# -- full attention of a packed row without a dense mask ----------------------------------
+#
+# The boolean block-diagonal mask above makes SDPA leave its flash kernel: on the H200 the
+# 8B target's packed forward took 2.3x its unpacked one (bench/README.md). torch's own
+# `varlen_attn` (torch >= 2.10, its flash kernel, CUDA, bf16/fp16) takes the documents'
+# boundaries instead (`cu_seqlens`): causal attention inside each document, nothing across.
+# HF's attention layers call the function registered for `config._attn_implementation`
+# ("sdpa"); `install_packed_attention` registers, under that same name, a function that runs
+# varlen when the call carries the row's `dflash_docs` and HF's own SDPA function otherwise,
+# so every other caller of the same modules (the held-out eval's KV-cached decode) is
+# unchanged.
+
+
+@dataclass
+class PackedDocs:
+    """A packed batch's documents as varlen attention takes them, over the flattened batch."""
+
+    cu_seqlens: Tensor  # int32 [N + 1] on the target's device: each document's start, then B*S
+    max_len: int  # the longest document (read on the host, where the batch was built)
+
+    @classmethod
+    def from_positions(cls, position_ids: Tensor, device: torch.device) -> PackedDocs:
+        """From the batch's `position_ids` (a document starts where its position is 0, and
+        at each row's first token). Given them on the host (the pipeline does), nothing
+        waits on the GPU: the boundaries are found there and copied without blocking."""
+        starts = position_ids == 0
+        starts[:, 0] = True
+        flat = starts.reshape(-1)
+        first = flat.nonzero().flatten()  # a host sync when position_ids are on a GPU
+        cu = torch.cat([first, first.new_tensor([flat.numel()])]).to(torch.int32)
+        max_len = int((cu[1:] - cu[:-1]).max())
+        if cu.device != device:
+            if device.type == "cuda" and cu.device.type == "cpu":
+                cu = cu.pin_memory()
+            cu = cu.to(device, non_blocking=True)
+        return cls(cu_seqlens=cu, max_len=max_len)
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str] | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_supported(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when varlen attention can run here, else why not (one line)."""
+    if device.type != "cuda":
+        return f"varlen attention needs CUDA (the target is on {device})"
+    if _varlen_parameters() is None:
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"varlen attention's flash kernel takes bf16 or fp16, not {dtype}"
+    if torch.cuda.get_device_capability(device)[0] < 8:
+        return "varlen attention's flash kernel needs compute capability >= 8.0"
+    return None
+
+
+@torch.compiler.disable  # eager in a compiled layer: max_len varies per batch
+def varlen_attention(
+    query: Tensor, key: Tensor, value: Tensor, docs: PackedDocs, scaling: float | None
+) -> Tensor:
+    """HF's layout in ([B, Hq, S, D] q, [B, Hkv, S, D] k and v), HF's out ([B, S, Hq, D]):
+    causal attention within each document of the flattened batch."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = _varlen_parameters() or frozenset()
+    B, Hq, S, D = query.shape
+    Hkv = key.shape[1]
+    q = query.transpose(1, 2).reshape(B * S, Hq, D)
+    k = key.transpose(1, 2).reshape(B * S, Hkv, D)
+    v = value.transpose(1, 2).reshape(B * S, Hkv, D)
+    kw: dict[str, Any] = {}
+    # torch 2.10 takes is_causal; later versions a window, (-1, 0) being causal.
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0)
+    else:
+        kw["is_causal"] = True
+    if scaling is not None:
+        if "scale" in params:
+            kw["scale"] = scaling
+        elif abs(scaling - D**-0.5) > 1e-12 * scaling:
+            q = q * (scaling * D**0.5)
+    if Hq != Hkv:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(Hq // Hkv, dim=1)
+            v = v.repeat_interleave(Hq // Hkv, dim=1)
+    cu = docs.cu_seqlens
+    out = varlen_attn(q, k, v, cu, cu, docs.max_len, docs.max_len, **kw)
+    assert isinstance(out, Tensor)  # no auxiliary outputs asked for
+    return out.view(B, S, Hq, D)
+
+
+# The packed kernels by name: bench/gpu_bench.py adds its own to compare (flex).
+PACKED_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Any, float | None], Tensor]] = {
+    "varlen": varlen_attention,
+}
+
+
+def install_packed_attention() -> None:
+    """Register, as HF's "sdpa" attention function, one that runs a packed kernel for a
+    call carrying `dflash_docs` (and `dflash_kernel`) and HF's own SDPA function for any
+    other call, unchanged. Once per process; idempotent."""
+    from transformers import AttentionInterface
+
+    current: Any = AttentionInterface._global_mapping["sdpa"]
+    if getattr(current, "dflash_packed", False):
+        return
+
+    def sdpa_or_packed(
+        module: Any,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        *args: Any,
+        dflash_docs: Any = None,
+        dflash_kernel: str = "varlen",
+        **kwargs: Any,
+    ) -> tuple[Tensor, None]:
+        if dflash_docs is None:
+            return current(module, query, key, value, attention_mask, *args, **kwargs)
+        kernel = PACKED_KERNELS[dflash_kernel]
+        return kernel(query, key, value, dflash_docs, kwargs.get("scaling")), None
+
+    sdpa_or_packed.dflash_packed = True  # type: ignore[attr-defined]
+    AttentionInterface.register("sdpa", sdpa_or_packed)
