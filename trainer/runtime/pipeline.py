@@ -59,6 +59,7 @@ from trainer.model.loss import STAT_NAMES, LossOutput
 from trainer.model.optim import lr_at, noise_at, set_lr
 from trainer.model.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
 from trainer.reporting.memory import device_memory
+from trainer.reporting.profile_window import ProfileWindow
 from trainer.reporting.runstate import RunState
 from trainer.reporting.stages import StageClock
 from trainer.reporting.steplog import RunLog
@@ -137,6 +138,8 @@ class Pipeline:
         self._lr = 0.0  # the lr the last optimizer step applied (faults included)
         self.threads: list[threading.Thread] = []
         self.drafter_threads: list[threading.Thread] = []
+        # DFLASH_PROFILE=START:STEPS: a profiler trace of those steps in the run dir.
+        self.profile = ProfileWindow.from_env(log.train_log_path.parent, log.line)
 
     # -- queue helpers that give up when the run ends ----------------------------------
     def _ending(self) -> bool:
@@ -371,6 +374,8 @@ class Pipeline:
         self._slots += slots
         epoch = p.batches / max(1, run.batches_per_epoch)
         self.state.record_step(p.step, p.tokens, epoch, self._slots)
+        if self.profile is not None:
+            self.profile.after_step(p.step)
         if p.step == self.s0 + 1:
             self.state.set_phase(TRAINING)
         self._window.add([o for o in self.outs if o is not None], tokens, slots, grad_norm)
