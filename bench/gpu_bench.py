@@ -11,6 +11,10 @@ Sections (each timed with CUDA events after warm-up, best of a few repeats):
   lm_head   chunked loss (fused, checkpointed) vs naive full logits: time, peak memory,
             lm_head calls
   target    truncated target forward: tok/s
+  target_packed  the same on packed rows of the bundled chat data: the dense mask, torch's
+            varlen kernel, flex with a document mask; then with its layers compiled
+  optimizer the optimizer stage alone: clip + fused AdamW (the trainer's), the clip folded
+            into fused AdamW's grad_scale, and that captured as a CUDA graph
   pipeline  the threaded pipeline, all roles on one GPU: tok/s, efficiency, recompiles,
             host syncs per steady-state step
 Qwen3-8B-shaped, random weights: hidden 4096, 36 layers, 32/8 heads, vocab 151,936;
@@ -385,10 +389,217 @@ def section_target(sh: Shapes, device: torch.device, target: TargetFeatures) -> 
     RESULTS["target_tok_s"] = sh.B * sh.S / t
     kept = len(target.base.layers)  # type: ignore[arg-type]
     row(
-        f"target forward, truncated to {kept} of {sh.L} layers",
+        f"target forward, truncated to {kept} of {sh.L} layers, one document a row",
         f"{t * 1e3:.1f} ms/batch, {sh.B * sh.S / t:,.0f} tok/s",
     )
     return t
+
+
+def packed_rows(sh: Shapes, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first n rows (input_ids, position_ids; on the host) the trainer packs from the
+    bundled chat data (`builtin:synthetic-sharegpt`, the bench target's tokenizer) at this
+    row length: what a launched 8B run's target forwards."""
+    from trainer.data import resolve_data_path
+    from trainer.packing import collate_packs, epoch_pack_batches
+    from trainer.tiny_target import build_tokenizer
+    from trainer.tokenized import load_tokenized
+
+    path = resolve_data_path("builtin:synthetic-sharegpt")
+    samples = load_tokenized(
+        path, build_tokenizer(), max_len=sh.S, warn=lambda _m: None, use_cache=False
+    ).samples
+    order = epoch_pack_batches(samples, [sh.S], sh.B, 0, 0)
+    rows = []
+    for i, batch in enumerate(order[:n]):
+        b = collate_packs(samples, batch, sh.S, 0, i)
+        assert b.position_ids is not None
+        rows.append((b.input_ids % sh.V, b.position_ids))
+    docs = [int((pos == 0).sum()) for _, pos in rows]
+    RESULTS["packed_rows_documents"] = docs
+    row("packed rows of the bundled chat data (documents in each)", str(docs))
+    return rows
+
+
+def _flex_docs_kernel() -> Any:
+    """flex_attention with a causal document mask, as a packed kernel (a comparison only)."""
+    from trainer.attention import compiled_flex_attention
+
+    def kernel(query: Any, key: Any, value: Any, docs: Any, scaling: Any) -> Any:
+        out = compiled_flex_attention()(
+            query, key, value, block_mask=docs, enable_gqa=query.shape[1] != key.shape[1],
+            scale=scaling,
+        )  # fmt: skip
+        return out.transpose(1, 2)
+
+    return kernel
+
+
+def _flex_block_mask(pos: torch.Tensor, device: torch.device) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    starts = pos == 0
+    starts[:, 0] = True
+    doc = (torch.cumsum(starts.reshape(-1), 0) - 1).view(pos.shape).to(device, non_blocking=True)
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return (doc[b, q] == doc[b, kv]) & (q >= kv)
+
+    B, S = pos.shape
+    return create_block_mask(mask_mod, B, None, S, S, device=device, _compile=True)
+
+
+def section_target_packed(sh: Shapes, device: torch.device, target: TargetFeatures) -> None:
+    """The target's forward on packed rows of the bundled data, each way a packed row's
+    full attention can keep its documents apart, and with its layers compiled."""
+    from trainer.target_packing import PACKED_KERNELS, PackedDocs, install_packed_attention
+
+    rows = packed_rows(sh)
+    on_dev = [(ids.to(device), pos.to(device)) for ids, pos in rows]
+    install_packed_attention()
+    PACKED_KERNELS["flex"] = _flex_docs_kernel()
+    it = iter(range(1 << 30))
+    impl = getattr(getattr(target.base, "config", None), "_attn_implementation", None)
+    print(f"  target attention implementation: {impl}", flush=True)
+
+    def run(mode: str) -> Callable[[], Any]:
+        def fn() -> Any:
+            i = next(it) % len(rows)
+            ids, pos = on_dev[i]
+            if mode == "mask":
+                target.packed_attention = "mask"
+                return target(ids, pos)
+            target.packed_attention = "varlen"
+            if mode == "flex":
+                target.packed_kernel = "flex"
+                return target(ids, pos, _flex_block_mask(rows[i][1], device))  # type: ignore[arg-type]
+            target.packed_kernel = "varlen"
+            return target(ids, pos, PackedDocs.from_positions(rows[i][1], device))
+
+        return fn
+
+    def unpacked() -> Any:
+        i = next(it) % len(rows)
+        return target(on_dev[i][0])
+
+    modes = ["mask", "varlen", "flex"] if device.type == "cuda" else ["mask"]
+    # The same row each way: how far apart the features are (bf16 rounding, ~1e-2).
+    ref = None
+    for mode in modes:
+        it = iter(range(0, 1 << 30, len(rows)))  # row 0
+        out = run(mode)().float()
+        if ref is None:
+            ref = out
+        else:
+            rel = float((out - ref).norm() / ref.norm())
+            RESULTS[f"target_packed_{mode}_vs_mask_rel"] = rel
+            print(f"  packed row 0, {mode} vs mask: relative difference {rel:.2e}", flush=True)
+    variants: list[tuple[str, Callable[[], Any]]] = [("one document a row", unpacked)]
+    variants += [(f"packed, {m}", run(m)) for m in modes]
+    times: dict[str, float] = {}
+    for name, fn in variants:
+        it = iter(range(1 << 30))
+        t = timed(fn, 12, 3, device)
+        times[name] = t
+        key = name.replace(", ", "_").replace(" ", "_")
+        RESULTS[f"target_{key}_ms"] = t * 1e3
+        row(f"target forward, {name} (eager HF layers)", f"{t * 1e3:.1f} ms/row")
+    if device.type != "cuda" or os.environ.get("BENCH_SKIP_TARGET_COMPILE"):
+        return
+    # Each decoder layer compiled (one graph for all, as the drafter's): RMSNorm, RoPE and
+    # SwiGLU fused; varlen stays eager between two graphs (torch.compiler.disable).
+    t0 = time.perf_counter()
+    from torch._dynamo.utils import counters
+
+    graphs0 = int(counters["stats"]["unique_graphs"])
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    torch._dynamo.config.accumulated_cache_size_limit = max(
+        torch._dynamo.config.accumulated_cache_size_limit, 512
+    )
+    for layer in target.base.layers:  # type: ignore[union-attr]
+        layer.compile(dynamic=False)
+    for name, fn in (("one document a row", unpacked), ("packed, varlen", run("varlen"))):
+        it = iter(range(1 << 30))
+        first = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - first
+        t = timed(fn, 12, 3, device)
+        key = name.replace(", ", "_").replace(" ", "_")
+        RESULTS[f"target_compiled_{key}_ms"] = t * 1e3
+        row(
+            f"target forward, {name}, compiled layers (first call {first:.1f}s)",
+            f"{t * 1e3:.1f} ms/row",
+        )
+    RESULTS["target_compile_s"] = time.perf_counter() - t0
+    graphs = int(counters["stats"]["unique_graphs"]) - graphs0
+    RESULTS["target_compiled_graphs"] = graphs
+    row("target layers compiled: graphs, seconds", f"{graphs}, {RESULTS['target_compile_s']:.1f}")
+
+
+def section_optimizer(sh: Shapes, device: torch.device) -> None:
+    """The drafter's optimizer stage alone (its ~1B fp32 trainable parameters, gradients
+    set): the bytes it must move against the time each way takes. Variants:
+      - clip + fused AdamW: `clip_grad_norm_` (a norm, then every gradient scaled in place),
+        then fused AdamW: the trainer's stage;
+      - folded: the norm only, and fused AdamW divides each gradient by `grad_scale` (the
+        clip's inverse coefficient) as it reads it: one pass over the gradients fewer;
+      - folded, as a CUDA graph: the same captured once and replayed (capturable AdamW,
+        the lr a device tensor): no launches from Python."""
+    if device.type != "cuda":
+        return
+    model = make_drafter(sh, device, compiled=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    n = sum(p.numel() for p in params)
+    g = torch.Generator(device=device).manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, device=device) * 1e-3
+    max_norm = 1.0
+
+    def clip_then_step(opt: Any) -> Callable[[], None]:
+        def fn() -> None:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            opt.step()
+
+        return fn
+
+    def folded(opt: Any) -> Callable[[], None]:
+        def fn() -> None:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            opt.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+            opt.step()
+
+        return fn
+
+    results: dict[str, float] = {}
+    for name, make in (("clip + fused AdamW (the trainer's)", clip_then_step), ("folded", folded)):
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+        results[name] = timed(make(opt), 10, 3, device)
+    # The graph: capturable AdamW (its step count on the device), lr a device tensor.
+    lr = torch.tensor(1e-4, device=device)
+    opt = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)
+    step = folded(opt)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    results["folded, CUDA graph"] = timed(graph.replay, 10, 3, device)
+    # Bytes: AdamW reads param, grad, exp_avg, exp_avg_sq and writes three (28 B a param);
+    # the norm reads the gradients (4 B); the clip's scaling reads and writes them (8 B).
+    floor = {"clip + fused AdamW (the trainer's)": 40 * n, "folded": 32 * n}
+    floor["folded, CUDA graph"] = floor["folded"]
+    for name, t in results.items():
+        key = name.split(" (")[0].replace(", ", "_").replace(" + ", "_").replace(" ", "_")
+        RESULTS[f"optimizer_{key}_ms"] = t * 1e3
+        row(
+            f"optimizer stage alone, {name}, {n / 1e9:.2f}B params",
+            f"{t * 1e3:.2f} ms ({floor[name] / t / 1e12:.2f} TB/s of its "
+            f"{floor[name] / 1e9:.0f} GB)",
+        )
 
 
 def _profile(label: str, fn: Callable[[], None], n: int) -> dict[str, Any]:
@@ -704,7 +915,10 @@ def main() -> int:
     p.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     p.add_argument(
-        "--only", nargs="*", default=None, help="peak drafter attention lm_head target pipeline"
+        "--only",
+        nargs="*",
+        default=None,
+        help="peak drafter attention lm_head target target_packed optimizer pipeline",
     )
     p.add_argument("--pipeline-steps", type=int, default=200)
     p.add_argument("--trace-dir", type=Path, help="save gzipped Chrome traces of profiled steps")
@@ -722,7 +936,10 @@ def main() -> int:
         date=time.strftime("%Y-%m-%d"),
         small=args.small,
     )
-    want = set(args.only or ["peak", "drafter", "attention", "lm_head", "target", "pipeline"])
+    want = set(
+        args.only
+        or ["peak", "drafter", "attention", "lm_head", "target", "target_packed", "pipeline"]
+    )
     print(f"device {RESULTS['device']}, torch {torch.__version__}", flush=True)
     peak = section_peak(device, args.small) if "peak" in want else 790e12
     save(args.out)
@@ -735,16 +952,22 @@ def main() -> int:
         t_drafter = min(times.values())
         save(args.out)
         compile_report(args.out.with_name("compile_times.json"))
+    if "optimizer" in want:
+        section_optimizer(sh, device)
+        save(args.out)
     if "attention" in want:
         section_attention(sh, device)
         save(args.out)
     if "lm_head" in want:
         section_lm_head(sh, device)
         save(args.out)
-    if "target" in want or "pipeline" in want:
+    if "target" in want or "pipeline" in want or "target_packed" in want:
         target = make_target(sh, device)
         t_target = section_target(sh, device, target)
         save(args.out)
+        if "target_packed" in want:
+            section_target_packed(sh, device, target)
+            save(args.out)
         if "pipeline" in want:
             section_stages(sh, device, target)
             save(args.out)
