@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from trainer.config import TrainConfig
 
@@ -42,3 +43,25 @@ def noise_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def clip_in_step(
+    optimizer: torch.optim.Optimizer, params: Sequence[Tensor], max_norm: float
+) -> Tensor | None:
+    """Clip the gradients' total norm to `max_norm` for the next `optimizer.step()`; return
+    the norm before clipping (a 0-d device tensor: never read here, no sync).
+
+    A fused AdamW clips as it reads each gradient: it divides by `grad_scale` (the hook
+    torch's GradScaler uses), here 1 / the clip coefficient, so the gradients are not
+    scaled in place first: one read and one write of every gradient fewer than
+    `clip_grad_norm_` (bench/gpu_bench.py's optimizer section). Any other optimizer gets
+    `clip_grad_norm_` itself."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    if optimizer.defaults.get("fused"):
+        norm = torch.nn.utils.get_total_norm(grads)
+        # clip_grad_norm_'s coefficient: max_norm / (norm + 1e-6), at most 1.
+        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # type: ignore[attr-defined]
+        return norm
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)

@@ -56,7 +56,7 @@ from trainer.evaluation.online import OnlineEval
 from trainer.model.checkpoint import TrainPosition
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import STAT_NAMES, LossOutput
-from trainer.model.optim import lr_at, noise_at, set_lr
+from trainer.model.optim import clip_in_step, lr_at, noise_at, set_lr
 from trainer.model.step import BlockBatch, attach_mask, batch_seed, drafter_loss, prepare_blocks
 from trainer.reporting.memory import device_memory
 from trainer.reporting.profile_window import ProfileWindow
@@ -354,10 +354,10 @@ class Pipeline:
             self._average_grads()
             # The total norm before clipping, a 0-d tensor on the device: kept, not read
             # (no sync); the window reads it with the loss when a row is due.
-            params = replicas.primary.parameters()
+            params = list(replicas.primary.parameters())
             grad_norm: Tensor | None
-            if cfg.train.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
+            if cfg.train.grad_clip > 0:  # a fused AdamW clips inside its step (optim.py)
+                grad_norm = clip_in_step(run.optimizer, params, cfg.train.grad_clip)
             else:
                 grads = [q.grad for q in params if q.grad is not None]
                 grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
