@@ -399,10 +399,10 @@ def packed_rows(sh: Shapes, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor
     """The first n rows (input_ids, position_ids; on the host) the trainer packs from the
     bundled chat data (`builtin:synthetic-sharegpt`, the bench target's tokenizer) at this
     row length: what a launched 8B run's target forwards."""
-    from trainer.data import resolve_data_path
-    from trainer.packing import collate_packs, epoch_pack_batches
-    from trainer.tiny_target import build_tokenizer
-    from trainer.tokenized import load_tokenized
+    from trainer.builtins.resolve import resolve_data_path
+    from trainer.data.packing import collate_packs, epoch_pack_batches
+    from trainer.data.tokenized import load_tokenized
+    from trainer.targets.tiny import build_tokenizer
 
     path = resolve_data_path("builtin:synthetic-sharegpt")
     samples = load_tokenized(
@@ -422,7 +422,7 @@ def packed_rows(sh: Shapes, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor
 
 def _flex_docs_kernel() -> Any:
     """flex_attention with a causal document mask, as a packed kernel (a comparison only)."""
-    from trainer.attention import compiled_flex_attention
+    from trainer.model.attention import compiled_flex_attention
 
     def kernel(query: Any, key: Any, value: Any, docs: Any, scaling: Any) -> Any:
         out = compiled_flex_attention()(
@@ -451,7 +451,7 @@ def _flex_block_mask(pos: torch.Tensor, device: torch.device) -> Any:
 def section_target_packed(sh: Shapes, device: torch.device, target: TargetFeatures) -> None:
     """The target's forward on packed rows of the bundled data, each way a packed row's
     full attention can keep its documents apart, and with its layers compiled."""
-    from trainer.target_packing import PACKED_KERNELS, PackedDocs, install_packed_attention
+    from trainer.targets.packing import PACKED_KERNELS, PackedDocs, install_packed_attention
 
     rows = packed_rows(sh)
     on_dev = [(ids.to(device), pos.to(device)) for ids, pos in rows]

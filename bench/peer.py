@@ -45,9 +45,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from gpu_bench import Shapes, bench_settings, make_drafter, synthetic_blocks  # noqa: E402
 
-from trainer.pipeline import autocast_for  # noqa: E402
-from trainer.step import drafter_loss  # noqa: E402
-from trainer.target import TargetFeatures, default_target_layer_ids  # noqa: E402
+from trainer.model.step import drafter_loss  # noqa: E402
+from trainer.runtime.pipeline import autocast_for  # noqa: E402
+from trainer.targets.load import TargetFeatures, default_target_layer_ids  # noqa: E402
 
 ROWS: list[tuple[str, str]] = []
 RESULTS: dict[str, Any] = {}
@@ -151,8 +151,8 @@ def specforge_step(
     from specforge.training.backend import FSDPTrainingBackend, ParallelConfig
     from transformers import Qwen3Config
 
-    from trainer.export import serving_config
-    from trainer.model import DrafterArch
+    from trainer.evaluation.export import serving_config
+    from trainer.model.drafter import DrafterArch
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     arch = DrafterArch(
@@ -215,7 +215,7 @@ def our_step(
     sh: Shapes, device: torch.device, features: torch.Tensor, blocks: Any
 ) -> Callable[[], None]:
     """The drafter thread's step: loss, backward, clip, fused AdamW, zero_grad."""
-    from trainer.step import attach_mask
+    from trainer.model.step import attach_mask
 
     settings = bench_settings(sh, device)
     attach_mask(blocks, settings.backend, sh.bs)

@@ -2,8 +2,8 @@
 
     python3 bench/profile_report.py RUN_DIR/profile/steps-151-154.json.gz [--steps 4] [--json]
 
-Reads the Chrome trace `DFLASH_PROFILE` wrote (trainer/profile_window.py). Every GPU kernel
-and copy is put down to
+Reads the Chrome trace `DFLASH_PROFILE` wrote (trainer/reporting/profile_window.py). Every
+GPU kernel and copy is put down to
   - its stream (the target's side stream, the drafter's, the copy stream);
   - the pipeline stage whose thread launched it: the `stage:THREAD:STAGE` range that holds
     the launch on the CPU (joined by the launch's correlation id), "?" when none does;
