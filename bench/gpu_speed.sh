@@ -36,7 +36,7 @@ measure_launch() {  # NAME PROFILE [--set k=v ...]
   local name=$1 prof=$2; shift 2
   say "launch $name ($*)"
   local t_launch; t_launch=$(date +%s.%N)
-  DFLASH_PROFILE=$prof "${cli[@]}" launch "${where[@]}" --config trainer/configs/qwen3-8b-h200.toml \
+  DFLASH_PROFILE=$prof "${cli[@]}" launch "${where[@]}" --config "${SPEED_CONFIG:-trainer/configs/qwen3-8b-h200.toml}" \
     --set runtime.wandb_mode=disabled "$@" 2>&1 | tail -1 | tee -a "$log"
   local status=starting
   for _ in $(seq 300); do
