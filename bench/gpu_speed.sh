@@ -8,6 +8,8 @@
 #            first with the packed target's old dense mask (target.packed_attention=mask),
 #            then with this tree's defaults; each with a DFLASH_PROFILE window after the
 #            measured one, split by bench/profile_report.py
+#   launch-compiled  then (the same machine, warm) with target.compile = true; the GPU tests
+#            of varlen and of the compiled target
 # Usage (on the GPU machine, repo root): bench/gpu_speed.sh OUT PART...
 # specforge comes from .whl/ (carried): the machine has torch and transformers.
 set -uo pipefail
@@ -28,9 +30,9 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 remote=/tmp/speed/remote
 cli=(python3 -m dflash_tui.cli)
 where=(local --remote-dir "$remote")
-PROFILE_AT=${PROFILE_AT:-250:4}  # DFLASH_PROFILE of each launch: after the measured window
+PROFILE_AT=${PROFILE_AT:-200:4}  # DFLASH_PROFILE of each launch: after the measured window
 
-# A launch through dflash-tui, 15 s of settling, 30 s measured (metrics.jsonl rows in the
+# A launch through dflash-tui, 10 s of settling, 30 s measured (metrics.jsonl rows in the
 # window: median tok/s), then the profile window's trace waited for (60 s at most), kill.
 measure_launch() {  # NAME PROFILE [--set k=v ...]
   local name=$1 prof=$2; shift 2
@@ -47,7 +49,7 @@ measure_launch() {  # NAME PROFILE [--set k=v ...]
   done
   echo "$name: launch -> $status $(python3 -c "print(round($(date +%s.%N)-$t_launch, 1))") s" | tee -a "$log"
   local run_dir; run_dir=$(ls -td "$remote"/runs/*/ | head -1)
-  sleep 15
+  sleep 10
   local t_start; t_start=$(date +%s)
   sleep 30
   "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
@@ -101,10 +103,14 @@ for part in $parts; do
       # The old path first (the cold compile), then this tree's defaults (a warm compile
       # cache: its launch -> training is the warm cold-start figure).
       measure_launch mask "$PROFILE_AT" --set target.packed_attention=mask
-      measure_launch default "$PROFILE_AT"
-      say "the varlen GPU test"
-      timeout 90 python3 -m pytest -q -p no:cacheprovider tests/trainer/test_gpu.py -k varlen \
-        2>&1 | tail -2 | tee -a "$log" ;;
+      measure_launch default "$PROFILE_AT" ;;
+    launch-compiled)  # after `launch`, on the same machine: its target and deploy
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      measure_launch compiled "$PROFILE_AT" --set target.compile=true
+      say "the GPU tests of varlen and the compiled target"
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/trainer/test_gpu.py \
+        -k "varlen or compiled_target" 2>&1 | tail -3 | tee -a "$log" ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done

@@ -44,7 +44,7 @@ def main() -> int:
     from trainer.runtime.pipeline import Pipeline
     from trainer.runtime.run import set_threads_for_cpu
     from trainer.runtime.setup import build_run
-    from trainer.runtime.warmup import warm_up
+    from trainer.runtime.warmup import warm_up, warm_up_targets
 
     set_threads_for_cpu(cfg)
     state = RunState("harness")
@@ -52,6 +52,7 @@ def main() -> int:
     setup = build_run(cfg, warn=lambda _m: None, phase=state.set_phase, progress=state.progress)
     warmup_s = warm_up(setup, state)
     setup.finish_loading()
+    warmup_s += warm_up_targets(setup)
     ready_s = time.monotonic() - t0
     with tempfile.TemporaryDirectory() as tmp:
         log = RunLog(Path(tmp), echo=False)

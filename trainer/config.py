@@ -37,6 +37,10 @@ class TargetConfig:
     # boolean block-diagonal mask through SDPA, which leaves its flash kernel), "auto"
     # (varlen where it can run, else mask).
     packed_attention: str = "auto"
+    # torch.compile each full-attention decoder layer of the target on CUDA (fused RMSNorm,
+    # RoPE and SwiGLU; varlen attention stays eager between two graphs), compiled in the
+    # warm-up before any thread starts. The held-out eval's decode calls the layers eagerly.
+    compile: bool = False
 
 
 @dataclass

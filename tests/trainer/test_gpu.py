@@ -176,6 +176,30 @@ def test_packed_varlen_forward_equals_each_document_alone(tiny_target_dir):
 
 
 @cuda
+def test_compiled_target_layers_give_the_eager_features(tiny_target_dir):
+    """target.compile: the packed varlen forward through the compiled layers (one graph
+    break around varlen) and the unpacked one give the eager layers' features (bf16)."""
+    from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
+
+    info = read_target_info(tiny_target_dir)
+    ids_read = default_target_layer_ids(info.num_layers, 2)
+    dev = torch.device("cuda")
+    f = load_target(tiny_target_dir, ids_read, torch.bfloat16, dev, "varlen").features
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (1, 256), generator=g)
+    pos = torch.cat([torch.arange(n) for n in (100, 156)])[None]
+    eager_packed = f(ids.cuda(), pos.cuda(), f.packed_docs(pos, dev)).float()
+    eager = f(ids.cuda()).float()
+    f.compile_layers()
+    assert f.compiled is not None and f.compiled[0] is not f.base.layers[0]
+    packed = f(ids.cuda(), pos.cuda(), f.packed_docs(pos, dev)).float()
+    plain = f(ids.cuda()).float()
+    for got, want in ((packed, eager_packed), (plain, eager)):
+        assert float((got - want).norm() / want.norm()) < 2e-2
+    assert float((packed - plain).norm() / plain.norm()) > 0.05  # the documents matter
+
+
+@cuda
 def test_artifacts_one_host_saved_warm_a_fresh_ones_first_compile(tmp_path):
     """A run saves its compile caches as one portable blob after the warm-up; a run on a
     fresh cache (a new container) given that blob, as deploy ships it, compiles nothing new."""

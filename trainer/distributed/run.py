@@ -154,7 +154,7 @@ class RankRun(Run):
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
         from trainer.distributed.pipeline import DrafterRankPipeline, TargetRankPipeline
-        from trainer.runtime.warmup import warm_up
+        from trainer.runtime.warmup import warm_up, warm_up_targets
 
         lay = self.layout
         setup, position, wandb = self._set_up(checkpoint, batches_per_step=lay.drafters)
@@ -171,6 +171,8 @@ class RankRun(Run):
         if lay.role == "drafter":  # a target rank's drafter is never trained
             warm_up(setup, self.state, self.heartbeat.process.code_sha256)
         setup.finish_loading()
+        if lay.role == "target":
+            warm_up_targets(setup)  # target.compile: its graphs, before the rank's threads
         self.state.set_phase(WARMUP)
         self.state.thread_state("waiting for every rank")
         self.job.barrier()  # no rank's transfers wait out another's start-up

@@ -371,6 +371,7 @@ class Run:
             compile_cache_counts,
             graphs_compiled,
             warm_up,
+            warm_up_targets,
             watch_recompiles,
         )
 
@@ -395,6 +396,10 @@ class Run:
         if setup.loader is not None and setup.loader.is_alive():
             self.state.set_phase(LOADING_TARGET)  # compiled first: now wait for the weights
         setup.finish_loading()
+        target_s = warm_up_targets(setup)  # target.compile: its graphs, before any thread
+        if target_s:
+            self.graphs_after_warmup = comp.graphs = graphs_compiled()
+            self.log.line(f"warm-up: the target's compiled layers in {target_s:.1f}s")
         watch_recompiles(self._on_recompile)
         self.log.line(
             f"warm-up: {len(self.cfg.data.seq_buckets)} bucket(s) in {warmup_s:.1f}s, "

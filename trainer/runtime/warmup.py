@@ -22,6 +22,7 @@ from trainer.model.step import attach_mask, drafter_loss, prepare_blocks
 from trainer.reporting.runstate import RunState
 from trainer.runtime.compile.progress import CompileHistory, compile_signature, watch_compiles
 from trainer.runtime.setup import RunSetup
+from trainer.targets.load import TargetFeatures
 
 
 def graphs_compiled() -> int:
@@ -184,3 +185,39 @@ def _warm_one(
     out.loss.backward()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def warm_up_targets(run: RunSetup) -> float:
+    """`target.compile`: compile each target's full-attention layers and run one forward
+    per bucket on the main thread, as the target threads will (packed or not), before any
+    thread starts: a graph compiled later would be a recompile in the target's thread.
+    Needs the target's weights in (after `finish_loading`). Returns seconds spent."""
+    cfg = run.cfg
+    if not cfg.target.compile:
+        return 0.0
+    t0 = time.monotonic()
+    gen = torch.Generator().manual_seed(0)
+    B, buckets = cfg.train.batch_size, cfg.data.seq_buckets
+    for dev in dict.fromkeys(run.target_devices):
+        features = run.targets[dev].features
+        if dev.type != "cuda" or not isinstance(features, TargetFeatures):
+            continue
+        layers = len(features.linear)
+        # One entry per layer and bucket where dynamo cannot share a graph between layers,
+        # plus the resumed halves around varlen's graph break.
+        limit = 2 * layers * len(buckets) + 8
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+        torch._dynamo.config.accumulated_cache_size_limit = max(
+            torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
+        )
+        features.compile_layers()
+        for S in buckets:
+            ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)
+            if cfg.data.packing:  # the packed graph: two documents per row
+                half = torch.arange(S) >= S // 2
+                pos = (torch.arange(S) - half * (S // 2)).expand(B, S).clone()
+                features(ids.to(dev), pos.to(dev), features.packed_docs(pos, dev))
+            else:
+                features(ids.to(dev))
+        torch.cuda.synchronize(dev)
+    return time.monotonic() - t0

@@ -114,6 +114,9 @@ class TargetFeatures(nn.Module):
         # block-diagonal mask through SDPA). `resolve_packed_attention` chose it.
         self.packed_attention = packed_attention
         self.packed_kernel = "varlen"  # which of target_packing.PACKED_KERNELS (bench: flex)
+        # `compile_layers`: compiled wrappers of the full-attention layers, for this forward
+        # only (the eval's whole target calls the same layers, eagerly).
+        self.compiled: list[Any] | None = None
         if packed_attention != "mask":
             install_packed_attention()
         self.layer_ids = list(layer_ids)
@@ -127,6 +130,16 @@ class TargetFeatures(nn.Module):
         # position tensor and fails on (B, S); 5.24 expands either. A text-only row has the
         # same position on all three axes.
         self.mrope = getattr(getattr(base, "config", None), "model_type", "").startswith("qwen3_5")
+
+    def compile_layers(self) -> None:
+        """Compile each full-attention decoder layer (`target.compile`): one graph for the
+        layers of one shape where dynamo can share it. The Gated DeltaNet layers stay eager.
+        The first forward of each shape compiles (the warm-up's, `warm_up_targets`)."""
+        layers: Any = self.base.layers
+        self.compiled = [
+            layer if self.linear[i] else torch.compile(layer, dynamic=False)
+            for i, layer in enumerate(layers)
+        ]
 
     def packed_docs(self, position_ids: Tensor | None, device: torch.device) -> PackedDocs | None:
         """What `forward` needs of a packed batch for varlen attention, built from its
@@ -180,7 +193,8 @@ class TargetFeatures(nn.Module):
             if bounds is not None and self.linear[i]:
                 hidden = hybrid_layer_packed(layer, hidden, bounds)
             else:
-                out = layer(
+                call = layer if self.compiled is None else self.compiled[i]
+                out = call(
                     hidden,
                     attention_mask=mask,
                     position_ids=positions,
