@@ -10,6 +10,8 @@
 #            measured one, split by bench/profile_report.py
 #   launch-compiled  then (the same machine, warm) with target.compile = true; the GPU tests
 #            of varlen and of the compiled target
+#   final    this tree's defaults through launch twice (an empty compile cache, then warm),
+#            each profiled; the GPU tests of varlen and the compiled target
 # Usage (on the GPU machine, repo root): bench/gpu_speed.sh OUT PART...
 # specforge comes from .whl/ (carried): the machine has torch and transformers.
 set -uo pipefail
@@ -52,13 +54,13 @@ measure_launch() {  # NAME PROFILE [--set k=v ...]
   sleep 10
   local t_start; t_start=$(date +%s)
   sleep 30
-  "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
+  "${cli[@]}" status "${where[@]}" --json > "/tmp/speed/status-$name.json" 2>/dev/null
   "${cli[@]}" status "${where[@]}" 2>&1 | head -1 | tee -a "$log"
   for _ in $(seq 60); do compgen -G "$run_dir/profile/*.json.gz" >/dev/null && break; sleep 1; done
   sleep 2
-  python3 - "$run_dir" "$t_start" "$name" "$out/status-$name.json" <<'PY' | tee -a "$log"
+  python3 - "$run_dir" "$t_start" "$name" <<'PY' | tee -a "$log"
 import json, statistics, sys
-run_dir, t_start, name, status = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+run_dir, t_start, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 rows = [json.loads(x) for x in open(run_dir + "metrics.jsonl") if x.strip()]
 late = [r for r in rows if r["time"] >= t_start and r["time"] <= t_start + 30]
 hb = json.load(open(run_dir + "heartbeat.json"))
@@ -72,7 +74,7 @@ for t in hb.get("threads", []):
     if st:
         print(f"STAGES {name} {t.get('name')}: " + ", ".join(f"{k} {v:.1f}" for k, v in st.items()))
 PY
-  grep -E "^profile:|recompil|target attention|compile cache" "$run_dir/train.log" | head -8 | tee -a "$log"
+  grep -E "^profile:|^recompile|warm-up|compile cache" "$run_dir/train.log" | head -8 | tee -a "$log"
   "${cli[@]}" kill "${where[@]}" --timeout 60 2>&1 | tail -1 | tee -a "$log"
   cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
   local trace; trace=$(ls "$run_dir"/profile/*.json.gz 2>/dev/null | head -1)
@@ -104,6 +106,15 @@ for part in $parts; do
       # cache: its launch -> training is the warm cold-start figure).
       measure_launch mask "$PROFILE_AT" --set target.packed_attention=mask
       measure_launch default "$PROFILE_AT" ;;
+    final)  # this tree's defaults twice: the first launch compiles cold, the second is warm
+      say "build the 8B-shaped target"
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      measure_launch final-cold "$PROFILE_AT"
+      measure_launch final-warm "$PROFILE_AT"
+      say "the GPU tests of varlen and the compiled target"
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/trainer/test_gpu.py \
+        -k "varlen or compiled_target" 2>&1 | tail -2 | tee -a "$log" ;;
     launch-compiled)  # after `launch`, on the same machine: its target and deploy
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"

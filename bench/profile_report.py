@@ -6,7 +6,10 @@ Reads the Chrome trace `DFLASH_PROFILE` wrote (trainer/reporting/profile_window.
 GPU kernel and copy is put down to
   - its stream (the target's side stream, the drafter's, the copy stream);
   - the pipeline stage whose thread launched it: the `stage:THREAD:STAGE` range that holds
-    the launch on the CPU (joined by the launch's correlation id), "?" when none does;
+    the launch on the CPU (joined by the launch's correlation id, runtime or driver API: the
+    cuBLAS GEMMs launch through the driver); a launch outside every range is put down to its
+    thread, `THREAD:(outside a stage)` (`pt_autograd_0`: autograd's device thread, which runs
+    every backward; a pipeline thread's stage that began before the window opened);
   - a class from its name: GEMM (and "lm_head gemm" when the ATen op that launched it had
     a dimension of at least 100,000: the vocabulary), attention, optimizer (multi-tensor /
     fused Adam), copy (memcpy/memset), other (elementwise, norms, reductions: Triton, ATen).
@@ -44,6 +47,14 @@ def kernel_class(name: str, cat: str) -> str:
     return "other"
 
 
+def _thread_label(e: dict[str, Any]) -> str:
+    """'pt_autograd_0' from 'thread 2064 (pt_autograd_0)'; the thread id otherwise."""
+    name = str(e.get("thread", ""))
+    if "(" in name and name.endswith(")"):
+        name = name[name.index("(") + 1 : -1]
+    return name if name and name != "python3" else f"thread {e.get('tid')}"
+
+
 def _union(spans: list[tuple[float, float]]) -> float:
     total, cur_s, cur_e = 0.0, None, None
     for s, e in sorted(spans):
@@ -63,7 +74,16 @@ def load(path: Path) -> list[dict[str, Any]]:
     with opener(path, "rt") as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    names = {
+        e.get("tid"): str((e.get("args") or {}).get("name", ""))
+        for e in events
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    out = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    for e in out:  # the thread's name where the trace gives it ("thread 2064 (pt_autograd_0)")
+        if e.get("tid") in names:
+            e["thread"] = names[e["tid"]]
+    return out
 
 
 def report(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -80,6 +100,15 @@ def report(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     for spans in ranges.values():
         spans.sort()
     starts = {tid: [s[0] for s in spans] for tid, spans in ranges.items()}
+    # A pipeline thread's name from its stages: a launch of it outside any range (a stage
+    # that began before the window opened) is still its thread's.
+    owner = {
+        tid: max(
+            {n.split(":")[1] for _, _, n in spans},
+            key=lambda t: sum(n.split(":")[1] == t for _, _, n in spans),
+        )
+        for tid, spans in ranges.items()
+    }
     # CPU ops with their input shapes, per thread: what launched a GEMM (the lm_head's).
     ops: dict[Any, list[tuple[float, float, bool]]] = defaultdict(list)
     for e in events:
@@ -96,26 +125,26 @@ def report(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         spans_.sort()
     op_starts = {tid: [s[0] for s in spans_] for tid, spans_ in ops.items()}
     launch: dict[Any, tuple[Any, float]] = {}
+    thread_of: dict[Any, str] = {}
     for e in events:
-        if e.get("cat") == "cuda_runtime":
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launch[corr] = (e.get("tid"), float(e["ts"]))
+                thread_of[corr] = owner.get(e.get("tid")) or _thread_label(e)
 
     def stage_of(corr: Any) -> str:
         if corr not in launch:
             return "?"
         tid, ts = launch[corr]
-        spans = ranges.get(tid)
-        if not spans:
-            return "?"
-        i = bisect.bisect_right(starts[tid], ts) - 1
+        spans = ranges.get(tid) or []
+        i = bisect.bisect_right(starts.get(tid, []), ts) - 1
         while i >= 0:  # the innermost range holding the launch (ranges do not cross)
             s, end, name = spans[i]
             if s <= ts <= end:
                 return name.removeprefix("stage:")
             i -= 1
-        return "?"
+        return f"{thread_of.get(corr, '?')}:(outside a stage)"
 
     def vocab_sized(corr: Any) -> bool:
         """Whether an op holding the launch had a vocabulary-sized dimension."""

@@ -56,6 +56,24 @@ def test_the_verifying_target_is_the_checkpoint_and_shares_the_training_tensors(
     assert whole.model.embed_tokens is trunc.embed_tokens and whole.lm_head is loaded.model.lm_head
 
 
+def test_building_the_verifying_target_never_sets_the_default_dtype(dflash_cache_dir, monkeypatch):
+    """The eval thread builds it while the target thread runs: a compiled target layer is
+    guarded on the process's default dtype, so the build must not switch it, even for a
+    moment (it did through HF's from_config(dtype=...): 4 recompiles on the H200)."""
+    from trainer.builtins.resolve import resolve_target_path
+    from trainer.targets.load import load_target
+    from trainer.targets.whole import whole_target
+
+    path = resolve_target_path("builtin:tiny-qwen3")
+    loaded = load_target(path, [1, 4], torch.bfloat16, torch.device("cpu"))
+    seen: list[torch.dtype] = []
+    real = torch.set_default_dtype
+    monkeypatch.setattr(torch, "set_default_dtype", lambda d: (seen.append(d), real(d))[1])
+    whole = whole_target(loaded, torch.bfloat16, torch.device("cpu"))
+    assert seen == []
+    assert {p.dtype for p in whole.parameters()} == {torch.bfloat16}
+
+
 def test_the_verifying_target_reads_a_sharded_checkpoint(tmp_path, dflash_cache_dir):
     """Big targets are saved in shards with an index (the 27B one is 56 GB): the dropped
     layers are found in whichever shard holds them."""

@@ -54,8 +54,13 @@ def whole_target(loaded: LoadedTarget, dtype: torch.dtype, device: torch.device)
     full = config.num_hidden_layers
     if keep == full:
         return trunc  # nothing was dropped
+    # A skeleton on "meta" whose every tensor is replaced below, built without a dtype: given
+    # one, HF sets the process's default dtype while it builds, and a compiled target layer
+    # (target.compile) running on its own thread meanwhile fails its guard on that global and
+    # recompiles (seen on the H200: 4 graphs recompiled as the eval thread started).
+    config.dtype = None
     with torch.device("meta"):
-        whole: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        whole: Any = AutoModelForCausalLM.from_config(config)
     base = whole.model
     for name in ("embed_tokens", "norm", "rotary_emb"):
         setattr(base, name, getattr(trunc.model, name))
