@@ -30,10 +30,12 @@ def test_a_run_records_its_window_with_every_thread_s_stages(tmp_path):
     """The real trainer (the tiny CPU config, 2 target + 2 drafter threads): steps 4-5 are
     recorded, the trace lands in the run dir, train.log says so, and the trace holds the
     named stages of the target threads as well as the drafter thread that started it (the
-    prefetch threads have built every batch of so short a run before the window opens)."""
+    prefetch threads have built every batch of so short a run before the window opens).
+    24 steps: with 8, the targets had made every step's features before the window opened
+    in a loaded run, and none of their forwards fell inside it."""
     r = subprocess.run(
         [sys.executable, "-m", "trainer", "--config", str(TINY_CONFIG), "--run-root",
-         str(tmp_path), "--max-steps", "8", "--set", "runtime.wandb_mode=disabled"],
+         str(tmp_path), "--max-steps", "24", "--set", "runtime.wandb_mode=disabled"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
         env={**os.environ, "DFLASH_PROFILE": "3:2"},
     )  # fmt: skip
