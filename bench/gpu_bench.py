@@ -471,7 +471,7 @@ def section_target_packed(sh: Shapes, device: torch.device, target: TargetFeatur
             target.packed_attention = "varlen"
             if mode == "flex":
                 target.packed_kernel = "flex"
-                return target(ids, pos, _flex_block_mask(rows[i][1], device))  # type: ignore[arg-type]
+                return target(ids, pos, _flex_block_mask(rows[i][1], device))
             target.packed_kernel = "varlen"
             return target(ids, pos, PackedDocs.from_positions(rows[i][1], device))
 
@@ -564,7 +564,7 @@ def section_optimizer(sh: Shapes, device: torch.device) -> None:
 
     def folded(opt: Any) -> Callable[[], None]:
         def fn() -> None:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
             opt.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
             opt.step()
 
