@@ -77,7 +77,7 @@ from dflash_tui.diagnosis.ranks import (
     rank_straggler,
     slow_link,
 )
-from dflash_tui.diagnosis.registry import Finding, Rule, rule
+from dflash_tui.diagnosis.registry import DOCS, Code, Finding, Rule, RuleDoc, document, rule
 from dflash_tui.diagnosis.throughput import below_earlier_runs, slow_throughput, throughput_drop
 from dflash_tui.diagnosis.training import (
     grad_norm_spike,
@@ -134,6 +134,20 @@ RULES: list[Rule] = [
     below_earlier_runs,
 ]
 
+# diagnose() itself raises one code: a rule that failed.
+DIAGNOSE_DOC = document(
+    RuleDoc(
+        rule="diagnose",
+        module="__init__",
+        codes=(Code("rule_error", ("info",), "a rule failed on odd input; the others still ran"),),
+        reads="every rule's exception",
+        decides="A rule raised an exception (odd input it did not expect): its name and the "
+        "exception are the finding, and the other rules' findings stand.",
+        thresholds=(),
+        action="report it with the run's heartbeat.json; the other rules still ran",
+    )
+)
+
 
 def diagnose(
     s: Store, now: float | None = None, config: DiagnosisConfig = DEFAULT_CONFIG
@@ -160,6 +174,8 @@ def diagnose(
 __all__ = [
     "CLOCK_HOLDS",
     "DEFAULT_CONFIG",
+    "DIAGNOSE_DOC",
+    "DOCS",
     "GIB",
     "HEARTBEAT_MAX_INTERVAL_S",
     "KILLED_UNKNOWN",
@@ -169,10 +185,12 @@ __all__ = [
     "STAGE_SIDES",
     "VERDICTS",
     "WAITED_ON",
+    "Code",
     "DiagnosisConfig",
     "Finding",
     "Possible",
     "Rule",
+    "RuleDoc",
     "allocator_retries",
     "below_earlier_runs",
     "code_mismatch",
@@ -181,6 +199,7 @@ __all__ = [
     "diagnose",
     "died_before_log",
     "disk_short",
+    "document",
     "environment_changed",
     "eval_failed",
     "eval_plateau",

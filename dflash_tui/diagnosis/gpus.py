@@ -21,7 +21,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.facts import (
     expected_memory,
 )
@@ -45,7 +45,18 @@ from trainer.contract.protocol import (
 )
 
 
-@rule
+@rule(
+    Code("memory_short", ("warning",), "a role's GPUs hold much less memory than usual"),
+    reads="the GPU sample's used memory per GPU, the role's peak in earlier comparable runs "
+    "(facts.expected_memory)",
+    decides="While the pipeline trains (a fresh training heartbeat, a step within `stall_s`, "
+    "nothing compiling): a GPU of a role (not shared with the other model) holding less "
+    "than `role_memory_frac` × that role's peak in earlier comparable runs: it never got "
+    "batches, or runs another config.",
+    thresholds=("stale_factor", "stall_s", "role_memory_frac"),
+    action="check the role's GPUs get batches (queues) and that this run's batch and seq "
+    "buckets match the earlier run named",
+)
 def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """GPUs of a role (drafter, target) holding much less memory than that role peaked at in
     earlier comparable runs (dflash_tui/facts.py, the number the GPU pane shows too): once
@@ -84,7 +95,16 @@ def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     return found
 
 
-@rule
+@rule(
+    Code("alloc_retries", ("warning",), "the CUDA allocator retries: memory fragmentation"),
+    reads="the heartbeat's per-device memory (num_alloc_retries), the store's recent "
+    "heartbeats and metrics.jsonl's memory",
+    decides="A fresh heartbeat, and a device whose retry count is above 0 and rose within "
+    "the last `rise_window_s`: only a rising count matters (a few in warm-up are harmless).",
+    thresholds=("stale_factor", "rise_window_s"),
+    action="restart with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or lower the batch "
+    "or the largest seq bucket",
+)
 def allocator_retries(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The CUDA caching allocator had to free its cache and retry (num_alloc_retries): memory
     fragmentation, each retry a synchronising stall. Only a rising count matters; a few during
@@ -230,7 +250,29 @@ def _throttle_text(g: _Clocks, share: float, bits: int) -> str:
     )
 
 
-@rule
+@rule(
+    Code("gpu_throttled", ("warning", "info"), "a GPU of the run held below its clocks"),
+    reads="the GPU samples of the last `throttle_window_s` (NVML's clock event reasons, SM "
+    "clock and its max, power limit, temperature), the GPUs' roles",
+    decides="While training (a fresh heartbeat), per GPU of the run with at least "
+    "`throttle_min_samples` samples carrying reasons in the last `throttle_window_s`. "
+    "Warning: thermal, HW slowdown or a power brake in `throttle_share` or more of them; or "
+    "the power cap, application clocks or sync boost that often with its median busy SM "
+    "clock `clock_gap_frac` or more below its same-role peers'. Info: the power cap alone in "
+    "`throttle_share` of the samples and no GPU below its peers (what sustained training "
+    "normally runs into).",
+    thresholds=(
+        "stale_factor",
+        "throttle_window_s",
+        "throttle_min_samples",
+        "throttle_share",
+        "clock_gap_frac",
+    ),
+    action="thermal: check the GPU's cooling. HW slowdown or power brake: check its power "
+    "supply and board. Capped below its peers: compare and raise its power limit "
+    "(nvidia-smi -pl). Clocked below its peers: reset its clocks (nvidia-smi -rgc, -rac). "
+    "Info: nothing to do.",
+)
 def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """A GPU of the training run held below its clocks for a sustained share of the recent
     samples. Heat, the board's slowdown signal or a power brake: warning. The power cap on
@@ -313,7 +355,16 @@ def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
     return []
 
 
-@rule
+@rule(
+    Code("gpu_ecc_errors", ("critical",), "a GPU of the run counted uncorrected ECC errors"),
+    reads="the GPU samples' volatile uncorrected ECC count since the run started",
+    decides="On a GPU of the run, the rises of the count between successive samples since "
+    "the run started add up to `ecc_rise_min` or more (only rises count: the count resets "
+    "when the driver reloads). Said also after the run ended: it explains a crash.",
+    thresholds=("ecc_rise_min",),
+    action="stop the run and resume from the last good checkpoint without that GPU "
+    "(CUDA_VISIBLE_DEVICES); nvidia-smi -q -d ECC,ROW_REMAPPER says if it needs a reset",
+)
 def gpu_ecc_errors(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """A GPU of the run counted new uncorrected ECC errors (NVML's volatile count) since the
     run started: its memory returned wrong data, so the run's numbers on it cannot be

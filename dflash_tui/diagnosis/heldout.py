@@ -13,7 +13,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.state import Store
 from trainer.contract.evaluation import EvalInfo, EvalPoint
 from trainer.contract.phases import (
@@ -53,7 +53,13 @@ def _export_best(best: EvalPoint) -> str:
     return f"export the checkpoint nearest step {best.step}, the best (dflash-tui export --step S)"
 
 
-@rule
+@rule(
+    Code("eval_failed", ("warning",), "the held-out eval failed: the drafter goes unmeasured"),
+    reads="the heartbeat's eval (EvalInfo: error, history)",
+    decides="The eval thread's last eval failed: EvalInfo.error is set (the host's words).",
+    action="read train.log's `eval:` lines; a failed eval is tried again at the next, one "
+    "turned off is not (out of memory: fewer eval.prompts or eval.new_tokens)",
+)
 def eval_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The eval thread says its last eval failed (`EvalInfo.error`, the host's words): the
     run trains on, but nothing measures the drafter any more."""
@@ -75,7 +81,16 @@ def eval_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     ]
 
 
-@rule
+@rule(
+    Code("overfitting", ("warning", "critical"), "held-out τ fell while training acc rose"),
+    reads="the heartbeat's eval history: τ and the training acc at each eval",
+    decides="The latest eval after the best: τ `tau_noise_frac` or more below the best while "
+    "the training acc rose by `overfit_acc_rise` or more since it. Critical when τ fell by "
+    "`overfit_critical_frac` or more. Said after the run ended too (which step to export).",
+    thresholds=("tau_noise_frac", "overfit_acc_rise", "overfit_critical_frac"),
+    action="stop it (k) and export the checkpoint nearest the best step, not the newest; "
+    "next time more data or fewer epochs",
+)
 def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Held-out τ fell below its best by more than noise while the training accuracy rose
     over the same steps: the drafter learns the training samples, not the target. Said also
@@ -110,7 +125,16 @@ def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     ]
 
 
-@rule
+@rule(
+    Code("eval_plateau", ("warning",), "held-out τ has not beaten its best for several evals"),
+    reads="the heartbeat's eval history",
+    decides="Training or checkpointing with a fresh heartbeat, and `plateau_evals` or more "
+    "evals since the best, none better. Quiet when overfitting's test holds (τ "
+    "`tau_noise_frac` below the best with the training acc up `overfit_acc_rise`).",
+    thresholds=("stale_factor", "plateau_evals", "tau_noise_frac", "overfit_acc_rise"),
+    action="export the checkpoint nearest the best step and stop, or change what it learns: "
+    "the target's own answers (python -m trainer regenerate), more data, a lower lr",
+)
 def eval_plateau(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Held-out τ has not beaten its best for `plateau_evals` evals while the run trains on:
     the steps buy nothing the target accepts. Quiet when `overfitting` says more."""
@@ -139,7 +163,13 @@ def eval_plateau(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     ]
 
 
-@rule
+@rule(
+    Code("eval_skipped", ("info",), "evals fell due while one still ran and were skipped"),
+    reads="the heartbeat's eval (skipped, history, seconds, settings)",
+    decides="EvalInfo.skipped is above 0: evals due while one was under way were not run "
+    "(the pipeline never waits for the eval thread).",
+    action="raise eval.every, or lower eval.prompts or eval.new_tokens",
+)
 def eval_skipped(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Evals fell due while one was still under way and were not run (the pipeline never
     waits for the eval thread): τ is measured less often than `eval.every` says."""

@@ -12,7 +12,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.fmt import size
 from dflash_tui.stages import (
     PIPELINE_ROLES,
@@ -42,7 +42,16 @@ def _oversubscribed(host: HostSample | None, cfg: DiagnosisConfig) -> bool:
     return per_cpu is not None and per_cpu > cfg.oversubscribed_load
 
 
-@rule
+@rule(
+    Code("host_oversubscribed", ("info",), "more runnable threads than CPUs on the host"),
+    reads="the agent's host sample (1, 5 and 15 min load, usable CPUs, CPU busy)",
+    decides="A host sample no older than `host_max_age_s` whose 1-min load per usable CPU is "
+    "over `oversubscribed_load`. Context only: the 2-core CPU demo is oversubscribed by "
+    "design.",
+    thresholds=("host_max_age_s", "oversubscribed_load"),
+    action="read throughput, stage times and GIL wake-ups as this host's, not the run's; to "
+    "compare runs, run them on a host with CPUs to spare",
+)
 def host_oversubscribed(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
@@ -67,7 +76,16 @@ def host_oversubscribed(
     ]
 
 
-@rule
+@rule(
+    Code("host_memory_short", ("warning",), "the host's memory is nearly gone"),
+    reads="the agent's host sample (memory available and total), the heartbeat",
+    decides="A run lives (a heartbeat, not ended), the host sample is no older than "
+    "`host_max_age_s`, and available memory is under `host_memory_frac` of the total: the "
+    "OOM killer ends a run without a word.",
+    thresholds=("host_max_age_s", "host_memory_frac"),
+    action="free host memory (other processes, or a smaller prefetch queue or batch) before "
+    "the OOM killer ends the run",
+)
 def host_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Host memory nearly gone while a run lives: the OOM killer ends it without a word."""
     host = _host(s, now, cfg)
@@ -91,7 +109,17 @@ def host_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     ]
 
 
-@rule
+@rule(
+    Code("disk_short", ("warning", "critical"), "the checkpoints to come will not fit on disk"),
+    reads="the host sample's free disk under the run root, the runs list's checkpoints (count, "
+    "newest size, interval), the heartbeat's total steps",
+    decides="A run lives and the host sample is no older than `host_max_age_s`: the "
+    "checkpoints still to come (each as large as the newest; every one is kept) need more "
+    "than the free space. Critical when not even the next one fits, a warning while a later "
+    "one will not.",
+    thresholds=("host_max_age_s",),
+    action="free disk under the run root (old runs' checkpoints) before the checkpoint named",
+)
 def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The checkpoints still to come will not fit on the run root's disk: each is as large as
     the newest, every one is kept. Critical once the next one alone does not fit (the run
@@ -143,7 +171,30 @@ def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     ]
 
 
-@rule
+@rule(
+    Code("gil_pressure", ("warning",), "threads wake late: Python holds the GIL"),
+    reads="the store's recent heartbeats' GIL probe (p50/p99 wake-up lateness, samples), the "
+    "threads' CPU, the host sample",
+    decides="While the pipeline trains (a fresh training heartbeat, a step within `stall_s`, "
+    "nothing compiling) on a host not oversubscribed (load per CPU at most "
+    "`oversubscribed_load`, from a sample no older than `host_max_age_s`): the last "
+    "`gil_beats` heartbeats within `rise_window_s` all have a p99 lateness over `gil_p99_ms` "
+    "from at least `gil_min_samples` wake-ups, and a pipeline thread uses `gil_busy_pct` % "
+    "of a core or more.",
+    thresholds=(
+        "stale_factor",
+        "stall_s",
+        "host_max_age_s",
+        "oversubscribed_load",
+        "rise_window_s",
+        "gil_beats",
+        "gil_p99_ms",
+        "gil_min_samples",
+        "gil_busy_pct",
+    ),
+    action="move Python work off the pipeline threads (tokenising, collate) or run fewer "
+    "threads in the process",
+)
 def gil_pressure(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """A thread that sleeps 5 ms wakes late when other threads hold the GIL: the pipeline
     threads then wait on Python, not on the GPUs. Sustained over several heartbeats of the

@@ -18,7 +18,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.facts import (
     faster_environment,
 )
@@ -29,7 +29,16 @@ from trainer.contract.phases import (
 )
 
 
-@rule
+@rule(
+    Code("recompiles", ("warning",), "torch.compile compiled graphs after warm-up"),
+    reads="the heartbeat's compile counters (recompiles, graphs, the last recompile's reason) "
+    "and their history in the store's heartbeats",
+    decides="Training with a fresh heartbeat and a recompile count above 0; the evidence says "
+    "how much it rose in the last `rise_window_s`.",
+    thresholds=("stale_factor", "rise_window_s"),
+    action="make the input's shape, dtype or grad mode the same as in warm-up (bucket or pad "
+    "it); with no reason given, rerun with TORCH_LOGS=recompiles",
+)
 def recompiles(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """torch.compile compiled graphs after warm-up: every new shape or guard failure stalls
     all threads for seconds to minutes. Says how much the count rose lately (the store's
@@ -72,7 +81,15 @@ def _preflight(s: Store) -> Preflight | None:
     return cur.preflight if cur else None
 
 
-@rule
+@rule(
+    Code("slow_kernels", ("warning",), "a GPU run's target is on the slow torch fallback"),
+    reads="the fast-kernel preflight (the heartbeat's, else config.json's)",
+    decides="A GPU run (preflight device cuda) with a layer type on the slow path: a fast "
+    "kernel package it needs is missing or unused, or installed but failing its tiny call on "
+    "the GPU. A CPU run's torch path is no finding.",
+    action="install the packages named (pip install …) in the trainer's Python and restart "
+    "(r); a failing package needs a build that matches this torch and GPU",
+)
 def slow_kernels(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The target runs transformers' reference PyTorch code for a layer type whose fast
     kernels are missing (Gated DeltaNet without fla; causal-conv1d is optional: transformers logs
@@ -112,7 +129,21 @@ def slow_kernels(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     return [Finding("warning", "slow_kernels", title, evidence, action)]
 
 
-@rule
+@rule(
+    Code(
+        "environment_changed",
+        ("warning",),
+        "slower than a comparable run whose environment differs",
+    ),
+    reads="the recent tok/s (the last `rate_samples` metrics rows, else step lines, else the "
+    "heartbeat), earlier comparable runs' best tok/s and environments",
+    decides="Unless a heartbeat says the pipeline does not train now (a step within "
+    "`stall_s`, nothing compiling): the last earlier comparable run whose best tok/s is more "
+    "than `slow_pct` % above the median of the recent rates, when both runs recorded their "
+    "environment and it differs.",
+    thresholds=("stale_factor", "stall_s", "rate_samples", "slow_pct"),
+    action="put back what differs, or compare the two runs' config.json run.environment",
+)
 def environment_changed(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:

@@ -18,7 +18,7 @@ from dflash_tui.diagnosis.config import (
     HEARTBEAT_MAX_INTERVAL_S,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.facts import (
     current_visit,
     earlier_runs,
@@ -48,7 +48,21 @@ from trainer.contract.phases import (
 SLOW_VISITS = (LOADING_DATA, LOADING_TARGET, COMPILING, TARGET_WAIT)
 
 
-@rule
+@rule(
+    Code("loop_stalled", ("critical",), "the process lives but the training loop makes no step"),
+    Code("checkpoint_stalled", ("critical",), "a checkpoint save does not finish"),
+    reads="the heartbeat (phase, last step time, threads and their states), the run's earlier "
+    "checkpoint phases, else earlier comparable runs' (facts.py)",
+    decides="Training or checkpointing, the heartbeat fresh (within `stale_factor` × 2 s), "
+    "the process not ended, and no step for `stall_s` or more. While checkpointing, a save "
+    "is a stall only past the larger of `stall_s` and `slow_phase_factor` × the usual save "
+    "plus `slow_phase_margin_s` (the run's own earlier saves, else earlier runs'): "
+    "checkpoint_stalled, naming the saving thread. Otherwise loop_stalled, naming the "
+    "pipeline thread at work longest in one state (not those waiting on it).",
+    thresholds=("stale_factor", "stall_s", "slow_phase_factor", "slow_phase_margin_s"),
+    action="dump stacks (d) to see where it waits; a stalled checkpoint: check the disk under "
+    "the run dir (free space, a slow or hung mount)",
+)
 def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Fresh heartbeat, old last_step_at: the process lives but the training loop is stuck;
     name the pipeline thread that has been in one state the longest. A checkpoint that does
@@ -121,7 +135,17 @@ def _usual_checkpoint(s: Store, hb: Heartbeat) -> tuple[float, str] | None:
     return None
 
 
-@rule
+@rule(
+    Code("stop_stalled", ("warning",), "stopping takes far longer than earlier runs' stops"),
+    reads="the heartbeat in the stopping phase, earlier comparable runs' stopping durations",
+    decides="A fresh heartbeat in `stopping` for at least the larger of `slow_phase_factor` × "
+    "the median stop of earlier comparable runs and that median plus `slow_phase_margin_s`; "
+    "with no earlier run to compare with, `stop_stall_s`. Names the thread longest in one "
+    "state.",
+    thresholds=("stale_factor", "slow_phase_factor", "slow_phase_margin_s", "stop_stall_s"),
+    action="dump stacks (d) to see what the stop waits for; kill (k) sends SIGKILL after its "
+    "timeout (the newest good checkpoint stays)",
+)
 def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Stopping (asked to stop: the last checkpoint, then every thread's exit) far longer
     than earlier comparable runs took to stop, or than `stop_stall_s` with none: a save on a
@@ -160,7 +184,16 @@ def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     ]
 
 
-@rule
+@rule(
+    Code("output_buffered", ("warning",), "steps advance but train.log gets no step line"),
+    reads="the heartbeat's step, train.log's step lines, metrics.jsonl rows",
+    decides="Training, the followed files received, and the heartbeat at least 2 steps past "
+    "the last step line. Late by the step the last line names: the first metrics row after "
+    "it says when the next line was due (else the last step line's arrival, else the start "
+    "of training); late by `buffered_s` or more.",
+    thresholds=("buffered_s",),
+    action="run python with -u or PYTHONUNBUFFERED=1, or print(..., flush=True)",
+)
 def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The heartbeat's step advances but train.log gets no step line: stdout is buffered (or
     goes elsewhere), so anyone reading the log thinks the run is not training."""
@@ -200,7 +233,20 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     ]
 
 
-@rule
+@rule(
+    Code("slow_phase", ("warning",), "loading or compiling much longer than in earlier runs"),
+    reads="the heartbeat's phase and its visits, earlier comparable runs' phase durations "
+    "(facts.py), the compile cache's history (graphs, last time)",
+    decides="A fresh heartbeat in loading_data, loading_target or compiling (or the wait for "
+    "the target's weights, compared as whole loads). Slower than `slow_phase_factor` × the "
+    "median of the same visit in earlier comparable runs and by more than "
+    "`slow_phase_margin_s`. With no earlier run, compiling against the compile cache's "
+    "last time for the same graphs, with the same factor and margin.",
+    thresholds=("stale_factor", "slow_phase_factor", "slow_phase_margin_s"),
+    action="compiling: check the compile cache was kept (code or shape changes recompile "
+    "everything). Loading: check the disk or network the files come from. Either: dump "
+    "stacks (d) if it looks stuck.",
+)
 def slow_phase(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Loading or compiling much longer than the same visit in earlier comparable runs: a
     cleared or invalidated compile cache, a slow disk or network mount, or a thread stuck in
@@ -298,7 +344,16 @@ def wandb_info(s: Store) -> WandbInfo | None:
     return hb_w
 
 
-@rule
+@rule(
+    Code("no_step_line", ("info",), "train.log has wandb's lines and no step line yet"),
+    reads="train.log's `wandb:` lines and step lines, the heartbeat's phase, step and last "
+    "step, earlier runs' phase durations",
+    decides="The followed files received, wandb's start-up lines and no step line, the run "
+    "not ended. Says the heartbeat's phase and how long it has been in it, whether steps "
+    "advance, and the wandb run: readers otherwise guess between still loading and training.",
+    action="steps advance: wait for the first logged step (unless stdout is buffered). No "
+    "step yet: wait for the phase to end.",
+)
 def no_step_line_yet(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """train.log shows wandb's start-up lines and no step line: readers guess between "still
     loading" and "training". Say the heartbeat's phase, how long it has been in it, and

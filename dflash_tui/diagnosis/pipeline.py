@@ -20,7 +20,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.stages import (
     ThreadStages,
     busiest,
@@ -242,7 +242,28 @@ def _idle_gpus(s: Store, role: str, now: float, cfg: DiagnosisConfig) -> str:
 
 
 # -- rules: the pipeline --------------------------------------------------------------------
-@rule
+@rule(
+    Code("target_stuck", ("warning",), "a target with a full q_pre does no work"),
+    reads="the heartbeat's queues and target threads (state, time in it, stage times), "
+    "metrics.jsonl's queue depths, the GPU samples' utilisation",
+    decides="Training, a fresh heartbeat. For each q_pre at least `queue_full_frac` full in "
+    "every sample of the last `queue_window_s`, whose target thread is not waiting on a full "
+    "q_hs (then the drafters are slow): with a GPU, the GPU's mean utilisation over "
+    "`util_window_s` at or below `idle_util_pct` and the thread in one state for "
+    "`util_window_s` or more; without one, the thread busy (not waiting) in one state for "
+    "`stuck_s`, or with stage times for `stuck_loops` of its loops (at least `stuck_min_s`).",
+    thresholds=(
+        "stale_factor",
+        "queue_window_s",
+        "queue_full_frac",
+        "util_window_s",
+        "idle_util_pct",
+        "stuck_s",
+        "stuck_loops",
+        "stuck_min_s",
+    ),
+    action="dump stacks (d) to see where the target thread waits",
+)
 def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """A target with a full q_pre that does not work: its thread in one state all along while
     its GPU sat idle over the same window (or, without GPUs, in one busy state for a minute;
@@ -302,7 +323,43 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     ]
 
 
-@rule
+@rule(
+    Code("prefetch_bottleneck", ("warning",), "data prefetch starves the targets"),
+    Code("targets_bottleneck", ("warning",), "the targets starve the drafters"),
+    Code("drafters_bottleneck", ("warning",), "the drafters hold the targets back"),
+    Code("host_bottleneck", ("warning",), "a role's own GPUs wait for its Python thread"),
+    reads="the heartbeat's stage times, queues and threads; metrics.jsonl's queue depths; GPU "
+    "utilisation; the prefetch threads' CPU over the store's recent heartbeats",
+    decides="Only while the pipeline trains (a fresh training heartbeat, a step within "
+    "`stall_s`, no graph compiling), and only when the starved side really idles. From stage "
+    "times where the heartbeat has them: a role whose threads wait `stage_wait_frac` or more "
+    "of their loop on one queue is starved by the role upstream (targets on q_pre: prefetch; "
+    "drafters on q_hs: the targets; targets on a full q_hs: the drafters); idle means on GPUs "
+    "of its own that wait, else every thread of the role blocked for `starved_s`. GPUs of "
+    "its own waiting `stage_wait_frac` on the host: host_bottleneck. Without stage times, "
+    "from the queues over `queue_window_s`: q_pre at or below `queue_empty_frac` in every "
+    "sample (prefetch); q_hs that empty with idle drafters (targets); q_hs and q_pre at "
+    "least `backed_up_frac` full with idle targets (drafters); idle GPUs being a mean "
+    "utilisation at or below `idle_util_pct` over `util_window_s`. prefetch_bottleneck's "
+    "advice follows the prefetch threads' mean CPU: under `prefetch_cpu_bound_pct` they "
+    "wait on I/O rather than compute.",
+    thresholds=(
+        "stale_factor",
+        "stall_s",
+        "stage_wait_frac",
+        "starved_s",
+        "queue_window_s",
+        "queue_empty_frac",
+        "backed_up_frac",
+        "idle_util_pct",
+        "util_window_s",
+        "prefetch_cpu_bound_pct",
+    ),
+    action="prefetch: add prefetch threads or make batch building cheaper (when they wait "
+    "instead: check the data source and its disk). Targets: more GPUs for the targets or "
+    "fewer for the drafters. Drafters: more drafter replicas or less work per batch. Host: "
+    "fewer, larger kernels (train.compile_drafter, a larger batch); check GIL pressure.",
+)
 def pipeline_bottleneck(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
@@ -419,7 +476,15 @@ def _queue_bottleneck(
     return "drafters_bottleneck", title, f"{targets}; {q.text(1)} ({q.span()})", action
 
 
-@rule
+@rule(
+    Code("mostly_padding", ("warning",), "most of every batch is padding"),
+    reads="the heartbeat's data: padding share over the recent steps, packing, samples",
+    decides="While the pipeline trains (a fresh training heartbeat, a step within `stall_s`, "
+    "nothing compiling), the padding share is `padding_frac` or more.",
+    thresholds=("stale_factor", "stall_s", "padding_frac"),
+    action="packing off: set data.packing = true. Packing on: the samples are few or short "
+    "for the buckets: add a smaller bucket to data.seq_buckets, or more data.",
+)
 def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Most batch positions are padding: the GPUs compute on nothing. Short samples padded to
     a long bucket (chat data without packing: 99 % padding, 200 tok/s instead of 15K, was

@@ -15,7 +15,7 @@ from dflash_tui.diagnosis.config import (
     HEARTBEAT_MAX_INTERVAL_S,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.state import Store
 from trainer.contract.phases import (
     CRASHED,
@@ -26,7 +26,16 @@ from trainer.contract.typed import encode
 
 
 # -- rules: the run's life ------------------------------------------------------------------
-@rule
+@rule(
+    Code("link_refused", ("critical",), "the connection was refused (SSH settings): no retry"),
+    Code("unreachable", ("critical",), "the host cannot be reached: nothing shown is current"),
+    reads="the link's state and its count of failed attempts",
+    decides="link_refused when the link's state is `refused` (the SSH settings or the host "
+    "key were refused: the link does not retry); unreachable when it is connecting or "
+    "reconnecting after at least one failed attempt.",
+    action="link_refused: fix the SSH settings the evidence names; dflash-tui will not retry. "
+    "unreachable: check the host and the network; the link retries with backoff.",
+)
 def unreachable(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The link is refused (bad SSH settings: no retry) or keeps failing: nothing else the
     monitor shows is current."""
@@ -53,7 +62,21 @@ def unreachable(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     return []
 
 
-@rule
+@rule(
+    Code("crashed", ("critical",), "the trainer crashed: an exception, or a non-zero exit"),
+    Code("killed", ("critical",), "a signal ended the run with no error recorded (OOM, kill -9)"),
+    reads="the heartbeat's phase and error; exit.json (exit code, signal, the OOM check the "
+    "wrapper makes after a SIGKILL); the last lines of train.log and launch.log",
+    decides="Raised when the heartbeat's phase is `crashed`, or exit.json records a non-zero "
+    "exit code or a signal. A signal with no error message is killed, with what the wrapper "
+    "found of the OOM killer (the memory cgroup's oom_kill count since launch, the kernel "
+    "log). Otherwise crashed, naming the thread and the exit code or signal; its evidence is "
+    "the error message, else the traceback's last line, else the logs' last lines that are "
+    "not step lines (an `error: …` line first).",
+    action="crashed: read the traceback (the heartbeat's error, train.log), fix, then restart "
+    "(r). killed: an OOM kill means the host's memory ran out (raise the cgroup's limit or "
+    "lower the trainer's host memory); otherwise find who sent SIGKILL; then restart (r).",
+)
 def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The trainer reported a crash, or exited non-zero or by a signal (exit.json)."""
     hb = s.heartbeat
@@ -153,7 +176,16 @@ def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
     return "; ".join(facts)
 
 
-@rule
+@rule(
+    Code("died_at_start", ("critical",), "the run exited before its first step"),
+    reads="exit.json, the step lines, the heartbeat's step, the last lines of launch.log and "
+    "train.log",
+    decides="exit.json is there, there is no step line and the heartbeat's step is 0 (or "
+    "there is no heartbeat), and the exit was not clean (a non-zero exit code, or an error "
+    "recorded). The evidence is the launcher's and the log's last lines, an `error …` line "
+    "first.",
+    action="see launch.log and train.log in the run dir; fix and relaunch",
+)
 def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The run exited (not cleanly) before its first step: show the launcher's and the log's
     last lines at once instead of leaving the operator to `ls` the run dir. The heartbeat's
@@ -179,7 +211,17 @@ def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     ]
 
 
-@rule
+@rule(
+    Code("stale_heartbeat", ("critical",), "the heartbeat stopped: the process is hung or dead"),
+    reads="the heartbeat's age (its own thread rewrites it every <= 2 s)",
+    decides="Not in a final phase, and the heartbeat is older than `stale_factor` × 2 s (the "
+    "contract's longest interval). Its thread writes whatever the loop does, so an old "
+    "heartbeat means the whole process is hung (GIL held, D state) or dead: `process dead` "
+    "when the run has ended (exit.json, the agent's liveness, a final phase).",
+    thresholds=("stale_factor",),
+    action="alive: dump stacks (d); if nothing answers, kill (k) and restart (r). Dead: the "
+    "crash or kill finding says how; restart (r).",
+)
 def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The heartbeat thread writes every <= 2 s whatever the loop does: an old heartbeat means
     the whole process is hung (GIL held, D state) or dead."""
@@ -206,7 +248,18 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
 
 
 # -- rules: the run's lifetime and its surroundings -----------------------------------------
-@rule
+@rule(
+    Code("memory_held", ("warning",), "GPU memory is still held after the run ended"),
+    reads="exit.json, the agent's liveness, the GPU sample (each process's memory), the runs "
+    "list's alive run",
+    decides="The run is over (exit.json, or the agent says its process is dead), no other run "
+    "is alive, and the GPU sample was taken at least `held_grace_s` after the end. On the "
+    "run's GPUs, each process holding `held_min_bytes` or more is named (inside a container "
+    "NVML may list none: then the device's used memory, at least that much).",
+    thresholds=("held_grace_s", "held_min_bytes"),
+    action="kill -9 the pids named (on the host for a pid not in this container), or find "
+    "the holder with nvidia-smi, before relaunching",
+)
 def memory_held_after_kill(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:
@@ -264,7 +317,15 @@ def memory_held_after_kill(
     ]
 
 
-@rule
+@rule(
+    Code("code_mismatch", ("warning",), "the running trainer is not the code deployed last"),
+    reads="the heartbeat's code_sha256, and the deployed release the agent reports (its "
+    "sha256 and when)",
+    decides="While the run lives, the heartbeat's code hash and the deployed one are both "
+    "known and differ: a fix deployed after the launch is not running yet (or the run "
+    "imports another checkout).",
+    action="restart (r) to run the deployed code, or redeploy what should run",
+)
 def code_mismatch(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The running trainer's code hash differs from what was deployed last: a fix deployed
     after the launch is not running yet (or the run imports another checkout)."""

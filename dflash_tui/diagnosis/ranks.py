@@ -12,7 +12,7 @@ from dflash_tui.diagnosis.config import (
     HEARTBEAT_MAX_INTERVAL_S,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.state import Store
 from trainer.contract.phases import (
     FINAL_PHASES,
@@ -20,7 +20,17 @@ from trainer.contract.phases import (
 )
 
 
-@rule
+@rule(
+    Code("rank_silent", ("critical",), "processes mode: one rank's heartbeat fell behind"),
+    reads="every rank's heartbeat-rank file (processes mode)",
+    decides="With two ranks or more and the job not in a final phase: a rank, not in a final "
+    "phase itself, whose heartbeat is more than `stale_factor` × 2 s behind the freshest "
+    "rank's. That process is hung or dead while the job's heartbeat, written by another "
+    "rank, still looks fresh.",
+    thresholds=("stale_factor",),
+    action="dump stacks (d): its section says where it waits; if nothing answers, kill (K) "
+    "and restart (r)",
+)
 def rank_silent(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """processes mode: one rank's heartbeat falls behind the other ranks' (each rewrites its
     own every <= 2 s from its own thread): that process is hung or dead while the job's
@@ -50,7 +60,15 @@ def rank_silent(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     return found
 
 
-@rule
+@rule(
+    Code("rank_failed", ("critical",), "processes mode: a rank says it failed"),
+    reads="every rank's heartbeat-rank file: its error and failed_rank",
+    decides="The job not in a final phase, and a rank's heartbeat carries an error with "
+    "failed_rank unset or naming that rank (a rank stopped because another failed is not "
+    "blamed). Said before the job's end: the other ranks stop within seconds.",
+    action="read that rank's train.log (ranks/rank-R/ for all but the writer), fix, then "
+    "restart (r) from the last checkpoint",
+)
 def rank_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """processes mode: a rank says it failed, before the job's end names it (the other
     ranks stop within seconds, then exit.json and `crashed` say the rest)."""
@@ -110,7 +128,29 @@ def rank_marks(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> d
     return marks
 
 
-@rule
+@rule(
+    Code(
+        "rank_straggler",
+        ("warning",),
+        "processes mode: one rank computes slower than its peers and the others wait for it",
+    ),
+    reads="every rank's loop stage times (heartbeat-rank's stages_ms, rank_balance.py), while "
+    "the job trains",
+    decides="Only when every rank's times speak: training, no error, not more than "
+    "`stale_factor` × 2 s behind, at least `rank_min_steps` steps in. A rank whose compute "
+    "per loop is at least `straggler_factor` × the median of its same-role peers' and "
+    "`straggler_min_ms` above it, while at least half of the other ranks spend "
+    "`rank_wait_frac` or more of their loop in sends, receives and the all-reduce.",
+    thresholds=(
+        "stale_factor",
+        "rank_min_steps",
+        "straggler_factor",
+        "straggler_min_ms",
+        "rank_wait_frac",
+    ),
+    action="check that device on that host (its clocks and throttling, other processes on "
+    "it); a device that stays slow: restart the job without it",
+)
 def rank_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """processes mode: one rank computes each batch well slower than its same-role peers
     while the ranks it feeds, or is fed by, wait in their sends, receives and all-reduce:
@@ -145,7 +185,22 @@ def rank_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
     return found
 
 
-@rule
+@rule(
+    Code("slow_link", ("warning",), "processes mode: the ranks wait on the link between them"),
+    reads="every rank's loop stage times (rank_balance.py), as for rank_straggler",
+    decides="The ranks' times speak (as for rank_straggler) and no rank is a straggler; both "
+    "roles' median share of the loop in sends, receives and the all-reduce is at least "
+    "`rank_wait_frac`, and the ranks' summed comm time exceeds their summed compute.",
+    thresholds=(
+        "stale_factor",
+        "rank_min_steps",
+        "straggler_factor",
+        "straggler_min_ms",
+        "rank_wait_frac",
+    ),
+    action="check the transport the ranks use (NCCL_DEBUG=INFO names it in each rank's log): "
+    "a socket or PCIe path where NVLink or InfiniBand was expected",
+)
 def slow_link(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """processes mode: the ranks of both roles spend more of their loops in sends, receives
     and the all-reduce than in compute, and no straggler is to blame: the link between the

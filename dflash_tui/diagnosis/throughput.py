@@ -15,7 +15,7 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.facts import (
     faster_environment,
 )
@@ -26,7 +26,15 @@ from trainer.contract.phases import (
 )
 
 
-@rule
+@rule(
+    Code("slow_throughput", ("warning",), "tok/s well below the configured baseline"),
+    reads="`baseline_tok_s` (a target's config.toml), the recent tok/s (the last "
+    "`rate_samples` metrics rows, else step lines, else the heartbeat)",
+    decides="Only with `baseline_tok_s` set, and unless a heartbeat says the pipeline does "
+    "not train now: the median of the recent rates more than `slow_pct` % below it.",
+    thresholds=("baseline_tok_s", "stale_factor", "stall_s", "rate_samples", "slow_pct"),
+    action="compare GPU use per role, queue depths and GIL with the baseline run",
+)
 def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """tok/s well below the configured baseline (DiagnosisConfig.baseline_tok_s): the median
     of the last logged steps, so one slow step (a checkpoint) does not trigger it."""
@@ -68,7 +76,23 @@ def _own_drop(s: Store, cfg: DiagnosisConfig) -> OwnDrop | None:
     return own_drop(s, cfg.drop_skip_rows, cfg.drop_rows, cfg.drop_min_stable, cfg.drop_pct)
 
 
-@rule
+@rule(
+    Code("throughput_drop", ("warning",), "tok/s fell and stayed down against the run's own"),
+    reads="metrics.jsonl's tok/s per logged step (throughput_history.py)",
+    decides="Off when `baseline_tok_s` is set. Training with a fresh heartbeat: after the "
+    "first `drop_skip_rows` logged steps, a stretch of at least `drop_rows` last steps each "
+    "more than `drop_pct` % below the median of the steps before it (at least "
+    "`drop_min_stable` of them).",
+    thresholds=(
+        "baseline_tok_s",
+        "stale_factor",
+        "drop_skip_rows",
+        "drop_rows",
+        "drop_min_stable",
+        "drop_pct",
+    ),
+    action="compare GPU use per role, queue depths and stage times with before the step named",
+)
 def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """tok/s fell and stayed down against the run's own stable median: every logged step of
     a stretch of at least drop_rows more than drop_pct below the median of the steps before
@@ -93,7 +117,28 @@ def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     ]
 
 
-@rule
+@rule(
+    Code("below_earlier_runs", ("warning",), "tok/s well below the best earlier comparable run"),
+    reads="metrics.jsonl's tok/s per logged step, earlier comparable runs' best step "
+    "(throughput_history.earlier_best)",
+    decides="Off when `baseline_tok_s` is set. Training with a fresh heartbeat, at least "
+    "`rate_samples` logged steps after the first `drop_skip_rows`, and even the fastest of "
+    "the last `rate_samples` more than `earlier_pct` % below the best step of an earlier run "
+    "of the same shape and layout. Quiet when the run dropped against itself "
+    "(throughput_drop) or a faster run's environment differs (environment_changed).",
+    thresholds=(
+        "baseline_tok_s",
+        "stale_factor",
+        "drop_skip_rows",
+        "rate_samples",
+        "earlier_pct",
+        "drop_rows",
+        "drop_min_stable",
+        "drop_pct",
+        "slow_pct",
+    ),
+    action="compare this run's GPU use, queues and stage times with the earlier run named",
+)
 def below_earlier_runs(
     s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
 ) -> list[Finding]:

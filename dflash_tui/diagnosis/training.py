@@ -12,13 +12,21 @@ from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
     DiagnosisConfig,
 )
-from dflash_tui.diagnosis.registry import Finding, rule
+from dflash_tui.diagnosis.registry import Code, Finding, rule
 from dflash_tui.state import Store
 from trainer.contract.records import MetricsRow
 from trainer.contract.typed import finite
 
 
-@rule
+@rule(
+    Code("loss_not_finite", ("critical",), "the logged loss is NaN or infinite"),
+    reads="metrics.jsonl rows (else the step lines): step and loss",
+    decides="The newest logged loss is not finite. Names the first non-finite step after the "
+    "last finite one, and that last finite loss.",
+    action="kill it (k) while it runs: every further step trains NaN weights; resume from a "
+    "checkpoint at or before the last finite step with a lower lr or grad_clip, and look at "
+    "the batches after it",
+)
 def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The logged loss is NaN or infinite: the weights are poisoned from that step on and
     every further step is wasted. Names the first bad step and the last good one."""
@@ -58,7 +66,17 @@ def _loss(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 100 else f"{x:.4g}"
 
 
-@rule
+@rule(
+    Code("loss_diverging", ("warning",), "the loss climbed well above its own best and stays"),
+    reads="metrics.jsonl rows past `health_warmup_steps`: step, loss, lr",
+    decides="The median loss of the last `diverge_rows` rows is more than `diverge_factor` × "
+    "the lowest loss of the rows before them (at least `diverge_rows` of those), all past "
+    "warm-up; non-finite losses are loss_not_finite's. One bad batch moves one row, not the "
+    "median.",
+    thresholds=("health_warmup_steps", "diverge_rows", "diverge_factor"),
+    action="restart from a checkpoint at or before the best step with a lower train.lr (or a "
+    "smaller train.grad_clip)",
+)
 def loss_diverging(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The loss climbed well above its own best and stays there: the median of the last
     `diverge_rows` rows is more than `diverge_factor` times the lowest loss of the rows
@@ -92,7 +110,21 @@ def loss_diverging(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
     ]
 
 
-@rule
+@rule(
+    Code("not_learning", ("critical",), "accuracy flat at ~0 and the loss not falling"),
+    reads="metrics.jsonl rows past `health_warmup_steps`: acc, loss, streak, lr",
+    decides="The newest rows past warm-up all have acc below `not_learning_acc`, spanning "
+    "`not_learning_steps` steps or more, and the loss fell by less than "
+    "`not_learning_loss_frac` of its value over them. A loss still falling is learning.",
+    thresholds=(
+        "health_warmup_steps",
+        "not_learning_acc",
+        "not_learning_steps",
+        "not_learning_loss_frac",
+    ),
+    action="kill it (k); check train.lr and the data's loss mask (answer tokens kept) before "
+    "relaunching",
+)
 def not_learning(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Accuracy flat at ~0 (every row below `not_learning_acc`, streak ~1: only the anchor)
     for `not_learning_steps` past warm-up while the loss does not fall either: no progress,
@@ -147,7 +179,22 @@ def _grad_spikes(rows: list[MetricsRow], cfg: DiagnosisConfig) -> list[tuple[Met
     return spikes
 
 
-@rule
+@rule(
+    Code("grad_norm_spike", ("warning",), "the gradient norm spikes far above its median"),
+    reads="metrics.jsonl rows' grad_norm (the largest pre-clip norm since the row before), "
+    "past `health_warmup_steps`",
+    decides="A row is a spike when its grad norm is above `grad_spike_factor` × the median "
+    "of the earlier non-spike rows (at least `grad_spike_baseline_rows` of them). Raised "
+    "with `grad_spike_count` spikes among the last `grad_spike_rows` rows: one is a blip.",
+    thresholds=(
+        "health_warmup_steps",
+        "grad_spike_factor",
+        "grad_spike_baseline_rows",
+        "grad_spike_count",
+        "grad_spike_rows",
+    ),
+    action="look at the batches of those steps for a malformed or very long sample",
+)
 def grad_norm_spike(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The gradient norm before clipping (metrics rows' grad_norm: a row's largest) many
     times its own running median, in `grad_spike_count` of the last `grad_spike_rows` rows
