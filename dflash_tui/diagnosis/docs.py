@@ -39,7 +39,7 @@ def codes() -> dict[str, tuple[RuleDoc, Code]]:
 
 
 def nearest(code: str) -> list[str]:
-    return difflib.get_close_matches(code, list(codes()), n=3, cutoff=0.5)
+    return difflib.get_close_matches(code, list(codes()), n=3, cutoff=0.7)
 
 
 def threshold_values(doc: RuleDoc) -> list[str]:
