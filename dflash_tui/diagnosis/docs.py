@@ -2,10 +2,11 @@
 
 `dflash-tui explain [CODE]` prints `explain(code)` or `listing()`; docs/findings.md is
 `page()`, written by `python -m dflash_tui.diagnosis.docs --write` and checked by
-`--check` and tests/monitor/test_findings_docs.py. The page also says which tests raise each
-code: the recorded scenarios (tests/fixtures/scenarios/recorded/, their unedited events run
-through `diagnose` with the tests' own loader) and the test files that name the code in
-quotes (a grep: a file that names a code to say it is absent counts too).
+`--check` and tests/monitor/test_findings_docs.py. The page says which recorded scenarios
+raise each code (tests/fixtures/scenarios/recorded/, their unedited events run through
+`diagnose` with the tests' own loader) and lists the codes none raises. `coverage()` adds the
+test files that name each code in quotes (a grep: a file that names a code to say it is
+absent counts too); the test requires one or the other for every code.
 """
 
 from __future__ import annotations
@@ -152,9 +153,11 @@ def page(cover: dict[str, Coverage] | None = None) -> str:
     missing = [code for code in all_codes if not cover[code].recorded]
     out.append("\n## Codes with no recorded scenario yet\n")
     out.append(
-        "Raised only by tests that edit a scenario or build the events (see each entry's "
-        "tests), not by any recording of a real run in `tests/fixtures/scenarios/recorded/` "
-        f"as it is: {len(missing)} of {len(all_codes)}.\n"
+        f"{len(missing)} of {len(all_codes)}: no scenario recorded in "
+        "`tests/fixtures/scenarios/recorded/` gives them as it is. The tests that name them "
+        "edit a scenario, build the events, or read other fixtures (the ranks' heartbeats are "
+        "recorded under `tests/fixtures/ranks/`); `tests/monitor/test_findings_docs.py` "
+        "checks that some test names each one.\n"
     )
     out.append(", ".join(f"`{c}`" for c in missing) + "\n")
     for doc in rule_docs():
@@ -173,8 +176,7 @@ def page(cover: dict[str, Coverage] | None = None) -> str:
             )
             out.append(f"- **To do**: {doc.action}")
             rec = ", ".join(f"`{r}`" for r in cov.recorded) or "none yet"
-            tests = ", ".join(f"`{t}`" for t in cov.tests) or "none"
-            out.append(f"- **Recorded in**: {rec}. **Tests naming it**: {tests}.")
+            out.append(f"- **Recorded in**: {rec}.")
     return "\n".join(out).rstrip() + "\n"
 
 
