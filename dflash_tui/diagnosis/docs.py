@@ -45,7 +45,11 @@ def nearest(code: str) -> list[str]:
 
 def threshold_values(doc: RuleDoc) -> list[str]:
     """`stall_s = 120.0`: each threshold with its default in DiagnosisConfig."""
-    return [f"{name} = {getattr(DEFAULT_CONFIG, name)!r}" for name in doc.thresholds]
+    return [
+        f"{name} = {getattr(DEFAULT_CONFIG, name)!r}"
+        + (" (off unless a target's config.toml sets it)" if name == "baseline_tok_s" else "")
+        for name in doc.thresholds
+    ]
 
 
 def _wrap(label: str, text: str) -> list[str]:
