@@ -36,7 +36,7 @@ from dflash_tui.offline import control_refusal
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import layout, palette
-from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.alerts import AlertsBox, AlertsPane
 from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
@@ -200,7 +200,7 @@ class DFlashApp(App[int]):
                 with Pane(id="queues-box", classes="box"):
                     yield Static("Queues", classes="box-title")
                     yield QueuePane(id="queues")
-                with Pane(id="alerts-box", classes="box"):
+                with AlertsBox(id="alerts-box", classes="box"):
                     yield Static("Alerts", classes="box-title")
                     yield AlertsPane(id="alerts")
         with Pane(id="plots-box", classes="box"):

@@ -9,6 +9,7 @@
                 export} [TARGET] [options]
     dflash-tui compare RUN RUN [...] [TARGET] [--json]
     dflash-tui replay RUN [TARGET] [--at TIME] [--headless [--json]]
+    dflash-tui explain [CODE]
 
 Each command's parser lists only the options it reads (the rest keep `_DEFAULTS`). A first
 word close to a command that names no host is refused as a slip (cli_slips.py). One-shot
@@ -59,6 +60,8 @@ SUBCOMMANDS = {
     "status at --at, as `status` prints it)",
     "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
     "SGLang load it, into <remote-dir>/exports/ on the host",
+    "explain": "what a finding code means, how it is decided (thresholds at their defaults) "
+    "and what to do; without CODE, every code with its summary",
 }
 
 
@@ -185,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
 def build_command_parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"dflash-tui {name}", description=SUBCOMMANDS[name])
     p.set_defaults(**_DEFAULTS)
+    if name == "explain":  # the registry's text: no host, no target options
+        p.add_argument(
+            "code", nargs="?", metavar="CODE", help="a finding code (default: list them all)"
+        )
+        return p
     if name == "fleet":  # its targets are the config's: no target options
         _headless(p)
         _theme(p)
@@ -623,6 +631,23 @@ def _status_of_run_dir(args: argparse.Namespace) -> int:
     return asyncio.run(_monitor(args, target, follow=run_id))
 
 
+def _explain(code: str | None) -> int:
+    """`explain [CODE]`: the code's entry from the rules' registry, or every code's line
+    (dflash_tui/diagnosis/docs.py). An unknown code: one line with the nearest, exit 2."""
+    from dflash_tui.diagnosis import docs
+
+    if code is None:
+        print(docs.listing())
+        return 0
+    if code not in docs.codes():
+        near = docs.nearest(code)
+        hint = f"did you mean {' or '.join(near)}?" if near else "`dflash-tui explain` lists them"
+        cli_io.err(f"unknown finding code {code!r}: {hint}")
+        return 2
+    print(docs.explain(code))
+    return 0
+
+
 def _slip(word: str) -> str | None:
     """The command a first word close to one was meant to be, unless it names a host
     (dflash_tui/cli_slips.py); a config.toml that cannot be read names none here (the
@@ -681,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "replay":
                 argv = _at_joined(argv)
             args = build_command_parser(name).parse_args(argv)
+            if name == "explain":
+                return _explain(args.code)
             if name == "demo":
                 return asyncio.run(_demo(args))
             if name == "fleet":

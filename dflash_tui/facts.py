@@ -1,6 +1,6 @@
 """What the followed run is compared with: facts from earlier runs, computed in one place.
 
-Rules (dflash_tui/diagnosis.py) and panes (dflash_tui/widgets/) call these; nothing else
+Rules (dflash_tui/diagnosis/) and panes (dflash_tui/widgets/) call these; nothing else
 recomputes them, so the GPU pane and `memory_short` cannot disagree on what a role should
 hold, nor the heartbeat pane and `slow_phase` on how long a phase took last time.
 

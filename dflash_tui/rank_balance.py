@@ -13,7 +13,7 @@ per iteration: one batch for a target rank, one step for a drafter rank) three s
 A straggler is a rank whose compute is well above its same-role peers' while the other
 ranks spend their loop in comm: they wait for it. With no straggler, ranks of both roles
 in comm more than the job computes is the link itself. Pure Python: the rules
-(diagnosis.py), `status` and the ranks pane read the same numbers.
+(diagnosis/ranks.py), `status` and the ranks pane read the same numbers.
 """
 
 from __future__ import annotations

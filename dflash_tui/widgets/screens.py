@@ -154,6 +154,8 @@ Panes
            step log, alerts, stack viewer, runs list, this help
   g G      to the top / the bottom
   L        on the plots: the loss on a log scale, or back
+  x        on the alerts: what each alert's code means, how it is
+           decided and what to do (dflash-tui explain); ← → between them
   mouse    the wheel scrolls the pane under the pointer; click focuses
 
 Everywhere

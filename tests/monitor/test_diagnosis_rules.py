@@ -659,3 +659,23 @@ def test_a_baseline_overrides_both_history_rules() -> None:
     found = run(DROP, config=DiagnosisConfig(baseline_tok_s=1_000))
     assert codes(found) == ["slow_throughput"]
     assert found[0].evidence.startswith("521 tok/s (median of the last 5 logged steps) vs 1.0K")
+
+
+def padding(share: float, packing: bool) -> Any:
+    def edit(evs: Events) -> None:
+        hb(evs)["data"].update(padding=share, packing=packing)
+
+    return edit
+
+
+def test_mostly_padding_from_the_heartbeats_padding_share() -> None:
+    """A recorded run with packing (2.5 % padding) made to pad `padding_frac` or more: the
+    advice is packing when it is off, a smaller bucket or more data when it is on."""
+    name = "recorded/healthy_training.jsonl"
+    assert run(name) == []
+    f = only(run(name, padding(0.9, False)), "mostly_padding")
+    assert (f.severity, f.title) == ("warning", "90% of every batch is padding")
+    assert "packing is off" in f.evidence and "data.packing = true" in f.action
+    f = only(run(name, padding(0.6, True)), "mostly_padding")
+    assert "packing is on" in f.evidence and "data.seq_buckets" in f.action
+    assert run(name, padding(0.49, False)) == []  # under padding_frac (0.5)

@@ -500,7 +500,7 @@ class _Window:
         self.stats: Tensor | None = None
         # The largest pre-clip gradient norm of the window's steps: a spike in one step of
         # log_every is what a median or the last value would hide, and the rule compares a
-        # row's with the median of earlier rows' (dflash_tui/diagnosis.py grad_norm_spike).
+        # row's with the median of earlier rows' (dflash_tui/diagnosis/training.py grad_norm_spike).
         # A running torch.maximum on the device (NaN propagates: a NaN step shows).
         self.grad_norm: Tensor | None = None
 
