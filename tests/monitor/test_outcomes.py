@@ -154,7 +154,12 @@ def test_a_newer_heartbeat_says_upgrade_and_shows_what_it_knows() -> None:
             app.feed(
                 typed_event({"type": "heartbeat", "t": hb.now, "run_id": STOPPED, "data": data})
             )
-            await pilot.pause(0.4)
+            # The redraw is coalesced: wait for it (bounded), not a fixed pause, which a
+            # loaded machine outran (the pane still said "no run under the run root yet").
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if "no run" not in plain(app.query_one(HeartbeatPane)):
+                    break
             return plain(app.query_one(HeartbeatPane)), plain(app.query_one(StatusBar))
 
     pane, status = asyncio.run(go())
