@@ -4,8 +4,7 @@
         [--settle 15] [--measure 45] [--set KEY=VALUE ...]
 
 Builds the run exactly as the trainer does (`trainer.runtime.setup.build_run`: the same data,
-packing,
-target, drafters and compile), warms up, then runs `Pipeline` in this process with nothing
+packing, target, drafters and compile), warms up, then runs `Pipeline` in this process with nothing
 around it: no run dir, no heartbeat or telemetry thread, no GIL probe, no checkpoints, no
 agent or monitor. Real tokens per second over `--measure` seconds after `--settle` seconds of
 steps, counted as metrics.jsonl counts them. `bench/gpu_e2e.sh` runs it after the launch and

@@ -214,8 +214,8 @@ def workload(config: Path, info: Any) -> Workload:
 
 def message_bytes(w: Workload) -> dict[str, int]:
     """trainer/distributed/transfer.py FeatureSender.send: header (HEADER int64), the ints
-    (receive's
-    n_ints int64), the loss mask (float32), the features (bf16 on a GPU: the target's dtype)."""
+    (receive's n_ints int64), the loss mask (float32), the features (bf16 on a GPU: the target's
+    dtype)."""
     from trainer.distributed.transfer import HEADER
 
     B, L, N = w.batch, w.seq, w.anchors

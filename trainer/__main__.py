@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = resume_checkpoint(args.resume)
             meta["checkpoint"] = str(checkpoint.resolve())
         processes = cfg.runtime.mode == "processes"
-        if (
-            not processes
-        ):  # a torchrun job's run dir is made by one rank (trainer/distributed/layout.py)
+        # A torchrun job's run dir is made by one rank (trainer/distributed/layout.py).
+        if not processes:
             run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)
     except ConfigError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)

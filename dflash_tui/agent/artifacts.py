@@ -1,6 +1,5 @@
 """Portable compile-cache artifacts in and out of a host, in chunks
-(trainer/runtime/compile/artifacts.py
-says what they are).
+(trainer/runtime/compile/artifacts.py says what they are).
 
 pull: `<compile cache>/artifacts/NAME`, saved by a GPU run's warm-up, read in chunks.
 push: `<remote dir>/compile-artifacts/NAME`, where launched runs look (DFLASH_COMPILE_ARTIFACTS),

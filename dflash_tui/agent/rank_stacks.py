@@ -1,13 +1,12 @@
 """dump-stacks of a processes-mode job: every rank's stacks, each headed by its rank.
 
-The agent signals only the proven run process, the launcher (trainer/distributed/torchrun_job.py);
-it
-passes SIGUSR1/SIGUSR2 on to its own children that are ranks (trainer/distributed/signals.py).
+The agent signals only the proven run process, the launcher
+(trainer/distributed/torchrun_job.py); it passes SIGUSR1/SIGUSR2 on to its own children that are
+ranks (trainer/distributed/signals.py).
 Each rank writes its dump into its own dir: the writer rank into the run dir, rank R into
 ranks/rank-R/ (trainer/distributed/layout.py `rank_dir`). Which ranks there are, and what each is,
-come
-from the heartbeat-rank{R}.json files, read through the contract (bounded, no symlink).
-Nothing here signals a pid read from a file.
+come from the heartbeat-rank{R}.json files, read through the contract (bounded, no symlink). Nothing
+here signals a pid read from a file.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@
 
 Two runs of the tiny CPU config with their own compile cache (a temporary folder): the
 first, short, leaves the cache's history (trainer/runtime/compile/progress.py); the second starts
-with
-DFLASH_FAULT=slow:compile:S, so its compiling phase lasts S s instead of a blink (the CPU path
+with DFLASH_FAULT=slow:compile:S, so its compiling phase lasts S s instead of a blink (the CPU path
 does not torch.compile). From the second run's dir, as its trainer wrote them:
 
 - compiling-cpu.json: a heartbeat in the compiling phase, COMPILING_FOR_S into it;

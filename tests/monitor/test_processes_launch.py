@@ -1,8 +1,8 @@
 """Processes mode (issue 17) on the operator's path: `dflash-tui launch` of a config with
 `runtime.mode = "processes"` starts a torchrun job (the trainer execs
-trainer/distributed/torchrun_job.py,
-keeping the pid the wrapper recorded), `status` reads the job's heartbeat, `kill` stops every
-rank at one step with a checkpoint and says so, and `restart` resumes it in processes mode."""
+trainer/distributed/torchrun_job.py, keeping the pid the wrapper recorded), `status` reads the job's
+heartbeat, `kill` stops every rank at one step with a checkpoint and says so, and `restart` resumes
+it in processes mode."""
 
 from __future__ import annotations
 

@@ -363,8 +363,7 @@ def test_ranks_whose_launcher_is_killed_stop_at_one_step_instead_of_living_on(
 ):
     """torchrun SIGKILLed (the OOM killer, a kill -9, a signal it has no handler for): its
     ranks see their parent gone (trainer/distributed/launcher_watch.py) and stop as at a SIGTERM,
-    with
-    the writer's checkpoint, rather than train on as orphans nobody reaps."""
+    with the writer's checkpoint, rather than train on as orphans nobody reaps."""
     job = torchrun(tmp_path, "--max-steps", "100000")
     try:
         run_dir, _ = _wait_rank_step(tmp_path / "runs", 2, 3, job)

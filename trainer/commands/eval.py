@@ -1,7 +1,7 @@
 """`python -m trainer eval RUN_DIR [--step N] [--prompts 8] [--new-tokens 64] [--device cpu]`:
 held-out acceptance length of a run's checkpoint, decoding for real
-(trainer/evaluation/acceptance.py).
-Exit codes: 0 measured, 2 bad input (one line naming the thing at fault)."""
+(trainer/evaluation/acceptance.py). Exit codes: 0 measured, 2 bad input (one line naming the thing
+at fault)."""
 
 from __future__ import annotations
 

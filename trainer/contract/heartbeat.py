@@ -1,8 +1,7 @@
 """heartbeat.json: what the trainer is doing right now, replaced atomically every <= 2 s.
 
 Written by the trainer's heartbeat thread (trainer/reporting/heartbeat.py) from these records, read
-by
-the agent and the monitor through `parse_heartbeat`/`read_heartbeat`. `now` (written by the
+by the agent and the monitor through `parse_heartbeat`/`read_heartbeat`. `now` (written by the
 heartbeat thread) and `last_step_at` (written by the training loop) are separate on purpose:
 a fresh `now` with an old `last_step_at` is a stuck loop, not a dead process.
 
@@ -58,9 +57,8 @@ WAIT_REPLICAS = "waiting for replicas"
 SAVING_CHECKPOINT = "checkpoint"  # the thread that writes a checkpoint, while it does
 
 # The stages of a pipeline thread's loop, timed per iteration (ThreadInfo.stages_ms, moving
-# medians in ms; trainer/reporting/stages.py). A name that starts with "wait" is time the thread
-# (on a
-# GPU: its stream) spent with nothing to do; `host` is a GPU stream waiting for Python.
+# medians in ms; trainer/reporting/stages.py). A name that starts with "wait" is time the thread (on
+# a GPU: its stream) spent with nothing to do; `host` is a GPU stream waiting for Python.
 STAGE_BUILD = "build batch"  # prefetch: collate, anchors, pin
 STAGE_WAIT_PRE = "wait q_pre"  # prefetch: q_pre full; target: q_pre empty
 STAGE_FORWARD = "forward"  # target: the frozen target's features; drafter: its forward

@@ -3,9 +3,8 @@
 Every rank of a job started by torchrun writes its own small heartbeat into the job's one
 run dir, beside the job-level heartbeat.json that the lowest drafter rank writes
 (trainer/distributed/layout.py). It says what that rank is (role, index, device, pid, host), where
-it
-is (phase, step, the queues it knows) and, once it has failed, why: its error, and the rank
-it found failed first (`failed_rank`: itself, or the peer whose loss ended it).
+it is (phase, step, the queues it knows) and, once it has failed, why: its error, and the rank it
+found failed first (`failed_rank`: itself, or the peer whose loss ended it).
 
 Schema history (ARCHITECTURE.md, "Versioning" — the same rules as the heartbeat's):
   1  the first rank heartbeat.

@@ -2,8 +2,7 @@
 
 `dflash-tui dump-stacks` signals the one process it can prove is the run: the launcher
 (trainer/distributed/torchrun_job.py, torchrun's agent in-process). torchrun handles SIGTERM and
-SIGINT
-(it stops its ranks) but not SIGUSR1 or SIGUSR2, whose default action ends the process: the
+SIGINT (it stops its ranks) but not SIGUSR1 or SIGUSR2, whose default action ends the process: the
 launcher died and left its ranks as orphans. Here the launcher takes both and passes each
 on to its own children that are ranks of this trainer; each rank writes its named stacks
 (SIGUSR1) or faulthandler's (SIGUSR2) into its own dir, where the agent collects them

@@ -7,8 +7,8 @@ and checkpointed, and the run would read as crashed. Here the stop ends with the
 verdict: exit 0 when the job's heartbeat says it stopped, else 128 + the signal. Any other
 failure is torchrun's own (a failed rank: ChildFailedError, exit 1, named in the run dir).
 
-    python -m trainer.distributed.torchrun_job [torchrun's arguments] -m trainer [trainer's
-    arguments]
+    python -m trainer.distributed.torchrun_job [torchrun's arguments] \
+        -m trainer [trainer's arguments]
 """
 
 from __future__ import annotations

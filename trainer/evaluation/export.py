@@ -263,8 +263,8 @@ def export_drafter(
 
 
 def _held_out_eval(run_dir: Path, step: int) -> dict[str, Any] | None:
-    """`python -m trainer eval`'s record of this step (trainer/evaluation/acceptance.py), if it
-    ran."""
+    """`python -m trainer eval`'s record of this step (trainer/evaluation/acceptance.py),
+    if it ran."""
     path = run_dir / "eval" / f"step-{step:08d}.json"
     try:
         data = json.loads(path.read_bytes()[: 1 << 20])
