@@ -41,13 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_CONFIG = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
-        import torch  # imported before this file set OMP_NUM_THREADS: set it directly
-
-        torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def dflash_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("dflash-cache")
