@@ -324,7 +324,7 @@ def render() -> str:
                 "gradient dtype in the all_reduce",
                 f"fp{8 * w.grad_bytes}",
                 "derived",
-                "fp32 master weights; rank_pipeline `_average_grads` flattens `p.grad`",
+                "fp32 master weights; distributed/pipeline `_average_grads` flattens `p.grad`",
             ],
             [
                 "hybrid forward, 8 layers, packed, fla",

@@ -66,7 +66,8 @@ class RunState:
         self.last_checkpoint: CheckpointInfo | None = None
         self.exit_code: int | None = None
         self.preflight: Preflight | None = None  # set once, before the target loads
-        self.eval: EvalInfo | None = None  # replaced whole by the eval thread (online_eval.py)
+        # Replaced whole by the eval thread (evaluation/online.py).
+        self.eval: EvalInfo | None = None
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
 

@@ -102,7 +102,7 @@ class Pipeline:
         evaluator: OnlineEval | None = None,
     ) -> None:
         self.run, self.state, self.log = run, state, log
-        self.evaluator = evaluator  # held-out τ every eval.every steps (online_eval.py)
+        self.evaluator = evaluator  # held-out τ every eval.every steps (evaluation/online.py)
         self.cfg = run.cfg
         self.save_checkpoint, self.on_metrics = save_checkpoint, on_metrics
         self.faults = faults or FaultPlan()

@@ -134,7 +134,7 @@ def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: floa
 
 
 def signature_parts(run: RunSetup, code_sha256: str) -> dict[str, object]:
-    """What decides the warm-up's graphs (compile_watch.compile_signature)."""
+    """What decides the warm-up's graphs (runtime/compile/progress.compile_signature)."""
     c = run.cfg
     names = [
         torch.cuda.get_device_name(d) if d.type == "cuda" else "cpu" for d in run.drafter_devices

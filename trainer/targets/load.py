@@ -113,7 +113,7 @@ class TargetFeatures(nn.Module):
         # varlen flash kernel, given the documents' boundaries; CUDA) or "mask" (a boolean
         # block-diagonal mask through SDPA). `resolve_packed_attention` chose it.
         self.packed_attention = packed_attention
-        self.packed_kernel = "varlen"  # which of target_packing.PACKED_KERNELS (bench: flex)
+        self.packed_kernel = "varlen"  # which of targets/packing.PACKED_KERNELS (bench: flex)
         # `compile_layers`: compiled wrappers of the full-attention layers, for this forward
         # only (the eval's whole target calls the same layers, eagerly).
         self.compiled: list[Any] | None = None
@@ -163,7 +163,7 @@ class TargetFeatures(nn.Module):
         those of the document alone: full attention keeps to each document (varlen
         attention on the documents' boundaries, `docs` when given, else a block-diagonal
         causal mask) and RoPE reads the restarting positions; Gated DeltaNet layers keep
-        documents apart (`target_packing`). None (no packing): one document per row, no
+        documents apart (`targets/packing.py`). None (no packing): one document per row, no
         mask built.
         """
         base: Any = self.base
