@@ -114,3 +114,25 @@ def test_no_grad_path_and_zero_weights_are_finite():
         out = dflash_loss(hidden, weight, labels, torch.zeros_like(weights), BS, 4)
     assert out.loss.item() == 0.0
     assert out.metrics()["acc"] == 0.0
+
+
+def test_anchor_rows_never_reach_lm_head():
+    """A block's position 0 (its anchor, weight 0) is not projected: the head's matmuls
+    cover N * (bs - 1) rows, and the loss and gradient still equal the plain loss over all."""
+    hidden, weight, labels, weights = make_inputs(B=2, N=6)
+    rows: list[int] = []
+
+    class HeadRows(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.mm and out.shape[-1] == V:
+                rows.append(out.shape[0])
+            return out
+
+    with HeadRows():
+        out = dflash_loss(hidden, weight, labels, weights, BS, chunk_blocks=100)
+    assert rows == [2 * 6 * (BS - 1)]
+    expected = plain_loss(hidden, weight, labels, weights)
+    assert abs(out.loss.item() - expected.item()) < 1e-6
+    (g,) = torch.autograd.grad(out.loss, hidden)
+    assert torch.all(g.view(2, 6, BS, H)[:, :, 0] == 0)

@@ -108,6 +108,10 @@ def compiled_flex_attention() -> Any:
 
 FLEX_TILE = 128  # flex_attention's default query and key tile
 
+# flex_attention's Triton kernel options for the drafter's mask; None = torch's own
+# heuristics. bench/drafter_step.py (`--only attention`) times candidates on the GPU.
+FLEX_KERNEL_OPTIONS: dict[str, Any] | None = None
+
 
 def _doc_starts(doc_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Per position: the first position of its document anywhere in the row, and the start
@@ -203,7 +207,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: DenseMask | Any | None) -> Ten
     if isinstance(mask, DenseMask):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.mask, enable_gqa=gqa)
         return out.masked_fill(mask.empty_rows, 0.0)
-    return compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=gqa)
+    return compiled_flex_attention()(
+        q, k, v, block_mask=mask, enable_gqa=gqa, kernel_options=FLEX_KERNEL_OPTIONS
+    )
 
 
 def resolve_backend(name: str, device: torch.device) -> str:

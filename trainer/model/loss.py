@@ -49,13 +49,13 @@ def lm_head(hidden: Tensor, weight: Tensor) -> Tensor:
 
 @torch.no_grad()
 def _chunk_stats(
-    logits: Tensor, labels: Tensor, weights: Tensor, block_size: int, topk: int
+    logits: Tensor, labels: Tensor, weights: Tensor, block_rows: int, topk: int
 ) -> Tensor:
     """Metric sums for whole blocks of rows, from float logits (the checkpointed path)."""
     target_logit = logits.gather(1, labels[:, None])
     # Rank of the label = how many logits beat it; a top-K hit is rank < K.
     rank = (logits > target_logit).sum(dim=-1)
-    return _stats_from(logits.argmax(dim=-1), rank, labels, weights, block_size, topk)
+    return _stats_from(logits.argmax(dim=-1), rank, labels, weights, block_rows, topk)
 
 
 def _ce_math(
@@ -97,14 +97,16 @@ def ce_math(logits_lp: Tensor, *args: Any) -> tuple[Tensor, Tensor, Tensor, Tens
 
 
 def _stats_from(
-    pred: Tensor, rank: Tensor, labels: Tensor, weights: Tensor, block_size: int, topk: int
+    pred: Tensor, rank: Tensor, labels: Tensor, weights: Tensor, block_rows: int, topk: int
 ) -> Tensor:
+    """`block_rows`: a block's predicted positions 1 .. bs-1, one row each (the anchor's row
+    is not among them: see `dflash_loss`)."""
     counted = weights > 0
     correct = (pred == labels) & counted
     topk_hit = (rank < topk) & counted
-    per_block = correct.view(-1, block_size)[:, 1:].long()
+    per_block = correct.view(-1, block_rows).long()
     streak = per_block.cumprod(dim=1).sum(dim=1) + 1
-    has_labels = counted.view(-1, block_size).any(dim=1)
+    has_labels = counted.view(-1, block_rows).any(dim=1)
     return torch.stack(
         [
             counted.sum(),
@@ -125,7 +127,7 @@ class _FusedChunkLoss(torch.autograd.Function):
         labels: Tensor,
         weights: Tensor,
         scale: Tensor,
-        block_size: int,
+        block_rows: int,
         topk: int,
     ) -> tuple[Tensor, Tensor]:
         # lm_head once, in the weight's dtype (bf16 on GPU); the math reads it in fp32.
@@ -133,7 +135,7 @@ class _FusedChunkLoss(torch.autograd.Function):
         need_grad = bool(ctx.needs_input_grad[0])
         ce, pred, rank, grad_logits = ce_math(logits_lp, labels, weights, scale, need_grad)
         del logits_lp
-        stats = _stats_from(pred, rank, labels, weights, block_size, topk)
+        stats = _stats_from(pred, rank, labels, weights, block_rows, topk)
         loss_sum = (ce * weights).sum()
         ctx.mark_non_differentiable(stats)
         if grad_logits is None:
@@ -157,13 +159,20 @@ def _checkpointed_chunk(
     labels: Tensor,
     weights: Tensor,
     scale: Tensor,
-    block_size: int,
+    block_rows: int,
     topk: int,
 ) -> tuple[Tensor, Tensor]:
     logits = lm_head(hidden, weight)
-    stats = _chunk_stats(logits.detach(), labels, weights, block_size, topk)
+    stats = _chunk_stats(logits.detach(), labels, weights, block_rows, topk)
     ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
     return (ce * weights).sum() * scale, stats
+
+
+def predicted_rows(t: Tensor, block_size: int) -> Tensor:
+    """[B, N*bs, ...] -> [B*N*(bs-1), ...]: every block's positions 1 .. bs-1, the anchor's
+    row dropped."""
+    B = t.shape[0]
+    return t.reshape(B, -1, block_size, *t.shape[2:])[:, :, 1:].reshape(-1, *t.shape[2:])
 
 
 def dflash_loss(
@@ -176,21 +185,26 @@ def dflash_loss(
     topk: int = 4,
     impl: str = "fused",
 ) -> LossOutput:
-    """hidden [B, N*bs, H]; labels/weights [B, N*bs]. Loss = sum(w * ce) / sum(w)."""
-    H = hidden.shape[-1]
-    h = hidden.reshape(-1, H)
-    lab = labels.reshape(-1)
-    w = weights.reshape(-1).float()
+    """hidden [B, N*bs, H]; labels/weights [B, N*bs]. Loss = sum(w * ce) / sum(w).
+
+    A block's position 0 is its anchor, a known token: its weight is 0 by construction
+    (`block_labels_and_weights`), so its row never reaches lm_head. That is 1/bs of the
+    head's work (the largest matmul of a step) not done; the loss, its gradient and every
+    metric are the same (tests/trainer/test_loss.py)."""
+    h = predicted_rows(hidden, block_size)
+    lab = predicted_rows(labels, block_size)
+    w = predicted_rows(weights, block_size).float()
+    block_rows = block_size - 1
     # 1/sum(w) as a tensor: no host sync, and every chunk shares the same denominator.
     scale = 1.0 / w.sum().clamp(min=1e-6)
-    rows = chunk_blocks * block_size
+    rows = chunk_blocks * block_rows
     loss = hidden.new_zeros((), dtype=torch.float32)
     stats = torch.zeros(len(STAT_NAMES), device=hidden.device)
     for start in range(0, h.shape[0], rows):
         sl = slice(start, start + rows)
         if impl == "fused":
             part, st = _FusedChunkLoss.apply(
-                h[sl], lm_head_weight, lab[sl], w[sl], scale, block_size, topk
+                h[sl], lm_head_weight, lab[sl], w[sl], scale, block_rows, topk
             )
         elif impl == "checkpoint":
             part, st = checkpoint(
@@ -200,7 +214,7 @@ def dflash_loss(
                 lab[sl],
                 w[sl],
                 scale,
-                block_size,
+                block_rows,
                 topk,
                 use_reentrant=False,
             )
