@@ -7,6 +7,8 @@
 #   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
 #             disk), with and without flash-linear-attention, packed and unpacked (a harness)
 #   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s
+#   27b-compiled  then the same with target.compile = true (its 15 full-attention layers
+#             compiled; the Gated DeltaNet ones stay eager)
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
@@ -163,7 +165,10 @@ EOF
       rm -rf /tmp/qwen3-8b-random  # the disk holds one large target at a time
       [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
-      launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml 15 45 ;;
+      launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" ;;
+    27b-compiled)  # after 27b, on the same machine: its full-attention layers compiled
+      launch_and_measure 27b-compiled trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
+        "${MEASURE:-45}" --set target.compile=true ;;
     x2)
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
@@ -245,7 +250,7 @@ EOF2
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, x2, modes, group, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-compiled, x2, modes, group, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"

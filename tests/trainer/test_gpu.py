@@ -200,6 +200,27 @@ def test_compiled_target_layers_give_the_eager_features(tiny_target_dir):
 
 
 @cuda
+def test_compiled_hybrid_target_gives_the_eager_features(tiny_hybrid_target_dir):
+    """target.compile on a Qwen3.5 hybrid: only its full-attention layers are compiled (the
+    Gated DeltaNet ones stay eager), and the features equal the eager ones (bf16)."""
+    from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
+
+    info = read_target_info(tiny_hybrid_target_dir)
+    ids_read = default_target_layer_ids(info.num_layers, 2)
+    dev = torch.device("cuda")
+    f = load_target(tiny_hybrid_target_dir, ids_read, torch.bfloat16, dev, "varlen").features
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 200, (1, 256), generator=g).cuda()
+    eager = f(ids).float()
+    f.compile_layers()
+    assert f.compiled is not None
+    kinds = {layer is f.base.layers[i] for i, layer in enumerate(f.compiled)}
+    assert kinds == {True, False}  # some layers compiled, the linear ones not
+    got = f(ids).float()
+    assert float((got - eager).norm() / eager.norm()) < 2e-2
+
+
+@cuda
 def test_artifacts_one_host_saved_warm_a_fresh_ones_first_compile(tmp_path):
     """A run saves its compile caches as one portable blob after the warm-up; a run on a
     fresh cache (a new container) given that blob, as deploy ships it, compiles nothing new."""
