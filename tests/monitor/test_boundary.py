@@ -255,7 +255,7 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
                 await pilot.press(answer)
                 for _ in range(50):
                     await pilot.pause(0.05)
-                    if app._busy is None:
+                    if app.controls.busy is None:
                         break
 
     asyncio.run(go())
