@@ -30,7 +30,7 @@ from textual.widgets import Footer, Static
 from dflash_tui import sanitize, themes
 from dflash_tui.app_control import RunControl
 from dflash_tui.app_views import ViewKeys
-from dflash_tui.diagnosis import config_for, diagnose, rank_marks
+from dflash_tui.diagnosis import DiagnosisConfig, config_for, diagnose, rank_marks
 from dflash_tui.link.events import SinkEvent
 from dflash_tui.link.link import Link
 from dflash_tui.notify import Notifier
@@ -306,7 +306,9 @@ class DFlashApp(App[int]):
             markup=False,
         )
 
-    def show_store(self, target: Target, store: Store, link: Any, diagnosis: Any) -> None:
+    def show_store(
+        self, target: Target, store: Store, link: Any, diagnosis: DiagnosisConfig
+    ) -> None:
         """Point the dashboard at another target's store and link (the fleet's Enter); its
         panes are drawn anew at the next redraw."""
         self.target, self.store, self.link, self.diagnosis = target, store, link, diagnosis
