@@ -144,21 +144,21 @@ def _target_info_27b() -> Any:
     from make_bench_target_qwen36 import NUM_LAYERS, TEXT, hybrid_layer_types
     from transformers import Qwen3_5TextConfig
 
-    from trainer.targets.load import _target_info
+    from trainer.targets.load import target_info_of
 
     c = Qwen3_5TextConfig(
         **TEXT, num_hidden_layers=NUM_LAYERS, layer_types=hybrid_layer_types(NUM_LAYERS)
     )
-    return _target_info(c)
+    return target_info_of(c)
 
 
 def _target_info_8b() -> Any:
     """The 8B bench target's shape, as bench/make_bench_target.py builds it."""
     from make_bench_target import qwen3_8b_config  # bench/, beside this file
 
-    from trainer.targets.load import _target_info
+    from trainer.targets.load import target_info_of
 
-    return _target_info(qwen3_8b_config())
+    return target_info_of(qwen3_8b_config())
 
 
 def workload(config: Path, info: Any) -> Workload:

@@ -2,23 +2,24 @@
 
 Events from the link go into the Store as they arrive (cheap); an event schedules one redraw
 REFRESH_S later, so a burst of log lines costs one, and nothing redraws while nothing comes
-but the ages (once a second, and only the panes whose text changed: widgets/quiet.py). Control
-keys send agent commands through dflash_tui/control.py (the CLI's path too); a command
-already in flight is never sent twice.
+but the ages (once a second, and only the panes whose text changed: widgets/quiet.py).
+
+The app composes the panes, feeds the store and redraws; its keys delegate: the run's controls
+to app_control.py (through dflash_tui/control.py, the CLI's path too; a command already in
+flight is never sent twice), the log's and the panes' view keys to app_views.py, and the
+screens they open live in widgets/.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from textual import events, work
-from textual.app import App, ComposeResult, SuspendNotSupported, SystemCommand
+from textual import events
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
@@ -26,39 +27,33 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import compare, control, log_pages, pager, run_info, sanitize, themes
-from dflash_tui.control import ControlError
-from dflash_tui.diagnosis import config_for, diagnose, rank_marks
+from dflash_tui import sanitize, themes
+from dflash_tui.app_control import RunControl
+from dflash_tui.app_views import ViewKeys
+from dflash_tui.diagnosis import DiagnosisConfig, config_for, diagnose, rank_marks
 from dflash_tui.link.events import SinkEvent
-from dflash_tui.link.link import Link, LinkError
+from dflash_tui.link.link import Link
 from dflash_tui.notify import Notifier
-from dflash_tui.offline import control_refusal
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets import layout, palette
 from dflash_tui.widgets.alerts import AlertsBox, AlertsPane
-from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.offline import OfflineNotes
-from dflash_tui.widgets.panes import Box, Pane, box_of
+from dflash_tui.widgets.panes import Box, Pane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.ranks import RanksPane
-from dflash_tui.widgets.replay import REFUSED, ReplayScreen
+from dflash_tui.widgets.replay import ReplayScreen
 from dflash_tui.widgets.screens import (
-    ConfirmScreen,
     HelpScreen,
-    RestartScreen,
-    RunsScreen,
-    TextScreen,
 )
 from dflash_tui.widgets.stages import StagePane
-from dflash_tui.widgets.steplog import FilterError, StepLog
+from dflash_tui.widgets.steplog import StepLog
 from dflash_tui.widgets.thread_table import ThreadsScreen
-from trainer.contract.protocol import Progress
 
 
 class DFlashApp(App[int]):
@@ -118,27 +113,16 @@ class DFlashApp(App[int]):
         self._drawn_version = -1
         self._redraw_pending = False
         self._notified_version = -1  # the live store's version --notify saw during a replay
-        self._busy: str | None = None  # the control command in flight, if any
+        self.controls = RunControl(self)  # kill, restart, dump stacks…: one at a time
+        self.views = ViewKeys(self)  # the step log's keys, the pager, zoom
         self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
             self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
         self.diagnosis = config_for(target.extra)
-        saved = target.extra.get("theme")  # a named target's theme, from the user config
-        wanted = (
-            theme_name
-            or (saved if isinstance(saved, str) else None)
-            or themes.remembered_theme()
-            or themes.DEFAULT_THEME
-        )
-        if wanted not in self.theme_specs:
-            wanted = (
-                themes.DEFAULT_THEME
-                if themes.DEFAULT_THEME in self.theme_specs
-                else (next(iter(self.theme_specs), "textual-dark"))
-            )
-        self.theme = wanted
+        # --theme, else the named target's (the user config's), else the one remembered
+        self.theme = themes.starting_theme(theme_name, target.extra.get("theme"), self.theme_specs)
 
     # The same actions as the keys, in the command palette (ctrl+p).
     PALETTE = (
@@ -205,7 +189,7 @@ class DFlashApp(App[int]):
                     yield AlertsPane(id="alerts")
         with Pane(id="plots-box", classes="box"):
             yield Plots(id="plots")
-        yield FilterBar(self._apply_filter, id="filter-bar")
+        yield FilterBar(self.views.apply_filter, id="filter-bar")
         yield Footer(compact=True)
 
     def on_resize(self, event: events.Resize) -> None:
@@ -322,230 +306,53 @@ class DFlashApp(App[int]):
             markup=False,
         )
 
-    # -- control ------------------------------------------------------------------------
-    def _control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
-        if getattr(self.screen, "replaying", False):
-            self.notify(REFUSED, severity="warning")  # the palette's way to the actions
-            return
-        if self._busy is not None:
-            self.notify(f"{self._busy} is still running: wait for it", severity="warning")
-            return
-        if self.link is None:
-            self.notify("not connected", severity="error")
-            return
-        refusal = control_refusal(self.store, name)  # at once, before any dialog
-        if refusal is not None:
-            self.notify(refusal, severity="warning")
-            return
-        self._busy = name
-        self._run_control(name, run)
+    def show_store(
+        self, target: Target, store: Store, link: Any, diagnosis: DiagnosisConfig
+    ) -> None:
+        """Point the dashboard at another target's store and link (the fleet's Enter); its
+        panes are drawn anew at the next redraw."""
+        self.target, self.store, self.link, self.diagnosis = target, store, link, diagnosis
+        self._drawn_version = -1
 
-    @work(exclusive=False, group="control")
-    async def _run_control(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await run()
-        except (LinkError, ControlError) as e:
-            self.notify(f"{name}: {e}", severity="error", timeout=12)
-        finally:
-            self._busy = None
-
-    def _progress(self, event: Progress) -> None:
-        self.notify(event.message, title=self._busy or "", timeout=6)
-
-    async def _confirm(self, question: str) -> bool:
-        screen: Any = ConfirmScreen(question)
-        return bool(await self.push_screen_wait(screen))
-
+    # -- keys: the run's controls (app_control.py), the views (app_views.py), screens --------
     def action_kill(self) -> None:
-        async def run() -> None:
-            grace = control.kill_command().timeout_s
-            if not await self._confirm(
-                f"Kill run {self.store.alive_run or '?'}? "
-                f"(SIGTERM its process group, SIGKILL after {grace:.0f} s)"
-            ):
-                return
-            k = await control.kill(self.link, on_progress=self._progress)
-            drain = f", GPU memory released in {k.drain_s:.1f}s" if k.drain_s is not None else ""
-            self.notify(
-                f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s{drain}", title="kill", timeout=10
-            )
-
-        self._control("kill", run)
-
-    def _resume_offer(self) -> tuple[str, str]:
-        """(the resume button's label, what it will do) for the followed run: an alive run
-        is stopped first and checkpoints as it stops; a dead one has its newest good
-        checkpoint in the runs list (the agent read the sidecars)."""
-        s = self.store
-        if s.process_alive():
-            step = s.heartbeat.step if s.heartbeat else None
-            where = f" (step {step} now)" if step is not None else ""
-            return (
-                f"Resume from where it stops{where}",
-                "It is stopped first and checkpoints as it stops; the new run continues from "
-                "its newest good checkpoint.",
-            )
-        run = s.current_run()
-        point = run.resume if run else None
-        if point is None:
-            return "Resume from its newest good checkpoint", ""
-        if point.name is None:
-            return "Resume: no good checkpoint (starts at step 0)", point.describe()
-        of = f" of {point.run_id}" if point.run_id != s.run_id else ""
-        return f"Resume from step {point.step}", point.describe() + of
+        self.controls.kill()
 
     def action_restart(self) -> None:
-        async def run() -> None:
-            run_id = self.store.run_id
-            label, detail = self._resume_offer()
-            screen: Any = RestartScreen(
-                f"Restart run {run_id}? (kill it, wait for GPU memory, launch the same config "
-                "in a new run dir)",
-                label,
-                detail,
-            )
-            choice = await self.push_screen_wait(screen)
-            if choice is None:
-                return
-            r = await control.restart(
-                self.link, run_id, on_progress=self._progress, fresh=choice == "fresh"
-            )
-            if r.killed is not None:
-                self.notify(f"{r.killed.run_id} {r.killed.describe()}", title="kill", timeout=10)
-            self.notify(r.describe(), title="restart", timeout=10)
-
-        self._control("restart", run)
+        self.controls.restart()
 
     def action_dump_stacks(self) -> None:
-        async def run() -> None:
-            st = await control.dump_stacks(self.link)
-            text = st.text + (("\n# py-spy dump --native\n" + st.pyspy) if st.pyspy else "")
-            await self.push_screen(TextScreen(f"Stacks of pid {st.pid} — {st.path}", text))
-
-        self._control("dump stacks", run)
+        self.controls.dump_stacks()
 
     def action_clear_cache(self) -> None:
-        if self.store.process_alive():  # refused before asking: the agent would refuse too
-            self.notify(
-                f"clear cache: refused: run {self.store.alive_run or self.store.run_id} is alive "
-                "(the compile cache is in use); kill it first (K)",
-                severity="warning",
-            )
-            return
-
-        async def run() -> None:
-            if not await self._confirm("Delete the compile cache? The next start recompiles."):
-                return
-            c = await control.clear_cache(self.link)
-            self.notify(
-                f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
-                if c.existed
-                else f"no compile cache at {c.path}",
-                title="clear cache",
-            )
-
-        self._control("clear cache", run)
+        self.controls.clear_cache()
 
     def action_runs(self) -> None:
-        def chosen(choice: str | list[str] | None) -> None:
-            if isinstance(choice, list):
-                self._control("compare", lambda: self._compare(choice))
-            elif choice and self.link is not None:
-                self.link.follow_target = choice
-                self._control("follow", lambda: self._follow(choice))
-
-        self.push_screen(RunsScreen(self.store.runs, self.store.run_id), chosen)
-
-    async def _compare(self, run_ids: list[str]) -> None:
-        runs = await compare.fetch_runs(self.link, self.store.runs, run_ids)
-        await self.push_screen(CompareScreen(runs))
+        self.controls.runs()
 
     def action_run_info(self) -> None:
-        run_id = self.store.run_id
-        if run_id is None:
-            self.notify("no run followed yet", severity="warning")
-            return
-
-        async def run() -> None:
-            lines = await run_info.fetch(self.link, self.store, run_id)
-            await self.push_screen(TextScreen(f"Run {run_id}", "\n".join(lines)))
-
-        self._control("run info", run)
+        self.controls.run_info()
 
     def action_log_top(self) -> None:
-        with contextlib.suppress(NoMatches):
-            self.query_one(StepLog).action_log_top()
+        self.views.log_top()
 
     def on_step_log_page_wanted(self, message: StepLog.PageWanted) -> None:
-        run_id = self.store.run_id
-        if run_id is None or self.link is None:  # nothing to page from: what is held
-            with contextlib.suppress(NoMatches):
-                self.query_one(StepLog).scroll_home(animate=False)
-            return
-
-        async def run() -> None:  # read only: not held up by a kill or restart in flight
-            try:
-                page = await control.read_page(
-                    self.link, "train.log", run_id, message.start, message.end, log_pages.PAGE_BYTES
-                )
-            except (LinkError, ControlError) as e:
-                self.notify(f"page the log: {e}", severity="error", timeout=8)
-                return
-            with contextlib.suppress(NoMatches):
-                self.query_one(StepLog).show_page(page.text, page.start, page.end, self.store)
-
-        self.run_worker(run(), group="log-pages", exclusive=True)
-
-    async def _follow(self, run_id: str) -> None:
-        await control.follow(self.link, run_id)
+        self.views.page_wanted(message)
 
     def action_filter(self) -> None:
-        self.query_one(FilterBar).open(self.query_one(StepLog).pattern)
-
-    def _apply_filter(self, pattern: str) -> str | None:
-        """The filter bar's pattern on the log; why not, in one line, when it is no regex."""
-        try:
-            self.query_one(StepLog).set_filter(pattern, self.store)
-        except FilterError as e:
-            return str(e)
-        self.redraw(force=True)
-        return None
+        self.views.filter()
 
     def action_wrap(self) -> None:
-        wrapped = self.query_one(StepLog).toggle_wrap(self.store)
-        self.notify("wrapping long lines" if wrapped else "one line each: ← → scroll", timeout=3)
-        self.redraw(force=True)
-
-    def action_zoom(self) -> None:
-        screen = self.screen
-        if screen.maximized is not None:
-            screen.minimize()
-            return
-        box = box_of(screen.focused)
-        if box is not None:
-            screen.maximize(box, container=False)
-
-    def action_pager(self) -> None:
-        try:
-            argv = pager.command(os.environ)
-        except pager.PagerError as e:
-            self.notify(str(e), severity="error")
-            return
-        path = pager.write_log(self.store.log_lines, self.store.run_id)
-        try:
-            with self.suspend():
-                subprocess.run([*argv, str(path)], check=False)
-        except SuspendNotSupported:
-            self.notify("o: this terminal cannot hand the screen to a pager", severity="error")
-        except OSError as e:
-            self.notify(f"$PAGER {argv[0]}: {e.strerror or e}", severity="error")
-        finally:
-            path.unlink(missing_ok=True)
+        self.views.wrap()
 
     def action_follow(self) -> None:
-        following = self.query_one(StepLog).toggle_follow(self.store)
-        self.notify("following the log" if following else "log paused", timeout=3)
-        self.redraw(force=True)
+        self.views.follow()
+
+    def action_zoom(self) -> None:
+        self.views.zoom()
+
+    def action_pager(self) -> None:
+        self.views.pager()
 
     def action_next_theme(self) -> None:
         names = sorted(self.theme_specs)

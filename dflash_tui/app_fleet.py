@@ -59,9 +59,7 @@ class FleetApp(DFlashApp):
     def open_target(self, name: str) -> None:
         """The dashboard of `name`, over its link and store."""
         member = self.fleet.member(name)
-        self.target, self.store, self.link = member.target, member.store, member.link
-        self.diagnosis = member.config
-        self._drawn_version = -1
+        self.show_store(member.target, member.store, member.link, member.config)
         self.run_worker(self._show_dashboard(), group="fleet")
 
     async def _show_dashboard(self) -> None:

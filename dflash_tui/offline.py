@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dflash_tui.state import Store
 
-# The control actions (DFlashApp._control's names) that need a run: the alive one (what
-# they signal when no run is named), or the followed one (what restart launches again).
+# The control actions (RunControl.start's names, app_control.py) that need a run: the alive
+# one (what they signal when no run is named), or the followed one (what restart launches
+# again).
 NEEDS_ALIVE_RUN = ("kill", "dump stacks")
 NEEDS_RUN = ("restart",)
 

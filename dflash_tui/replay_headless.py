@@ -28,7 +28,7 @@ from dflash_tui.targets import Target
 def work(
     target: Target, run_id: str, at: str | None, as_json: bool, out: TextIO | None = None
 ) -> Callable[[Requester, Store], Awaitable[int]]:
-    """What the command does over a connected link (`cli_io.with_link`)."""
+    """What the command does over a connected link (`commands/oneshot.with_link`)."""
 
     async def run(link: Requester, store: Store) -> int:
         stream = out or sys.stdout

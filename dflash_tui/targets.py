@@ -15,7 +15,7 @@ other word). `~/.config/dflash-tui/config.toml` can name targets with every opti
 so that `dflash-tui gpu-box` is enough. Options given on the command line win.
 
 A group names the hosts of one processes-mode job over several hosts (`dflash-tui launch
-GROUP`, dflash_tui/groups.py), each a named target:
+GROUP`, dflash_tui/commands/groups.py), each a named target:
 
     [groups.pair]
     hosts = ["gpu-a", "gpu-b"]      # the first is node 0: the writer's host, the job's files

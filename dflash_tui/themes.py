@@ -104,3 +104,15 @@ def remember_theme(name: str) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
     os.replace(tmp, path)  # atomic: a crash never leaves half a settings file
+
+
+def starting_theme(asked: str | None, saved: object, specs: dict[str, ThemeSpec]) -> str:
+    """The theme the TUI starts in: --theme, else the named target's (`saved`, from the user
+    config), else the one remembered, else the default; one not among `specs` falls back to
+    the default (or any there is, or Textual's own)."""
+    wanted = (
+        asked or (saved if isinstance(saved, str) else None) or remembered_theme() or DEFAULT_THEME
+    )
+    if wanted in specs:
+        return wanted
+    return DEFAULT_THEME if DEFAULT_THEME in specs else next(iter(specs), "textual-dark")

@@ -1,6 +1,6 @@
 """Typed trainer configuration: TOML file + `section.key=value` overrides from the CLI.
 
-Every key is declared in a dataclass below, and every number has a rule (`_RULES`);
+Every key is declared in a dataclass below, and every number has a rule (`RULES`);
 anything else is refused before anything is loaded, with one line naming the key, the
 value and the rule (`config: drafter.num_heads = -2: must be a positive integer, ...`), so
 a typo never silently trains with a default and a bad value never reaches the model.
@@ -201,7 +201,7 @@ _TARGETS_OR_POSITIVE = "must be a positive integer, or 0 for the target's"
 # Every number in the config has a rule, checked before anything is loaded or built: the
 # test of this module fails for a numeric key without one. `[]` is each item of a list.
 # Ints must also fit in 64 bits and floats must be finite; those are checked for all.
-_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "drafter.num_layers": (lambda v: v >= 1, _POSITIVE_INT),
     "drafter.block_size": (lambda v: v >= 2, "must be an integer >= 2"),
     "drafter.target_layer_ids[]": (lambda v: v >= 0, "must be a non-negative layer index"),
@@ -294,7 +294,7 @@ def _check_number(key: str, rule_key: str, value: int | float) -> None:
         raise bad_value(key, value, "must fit in a 64-bit integer")
     if isinstance(value, float) and not math.isfinite(value):
         raise bad_value(key, value, "must be a finite number")
-    check, rule = _RULES[rule_key]
+    check, rule = RULES[rule_key]
     if not check(value):
         raise bad_value(key, value, rule)
 

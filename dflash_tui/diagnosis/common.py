@@ -24,15 +24,18 @@ from trainer.contract.typed import finite
 
 
 # -- small helpers ------------------------------------------------------------------------
-def _dur(seconds: float) -> str:
+def dur(seconds: float) -> str:
+    """A duration in words (`3m12s`), never negative: a clock skew reads as 0s."""
     return duration(max(0.0, seconds))
 
 
-def _rate(tok_s: float) -> str:
+def tok_rate(tok_s: float) -> str:
+    """A tok/s figure in words without its unit (the rule's sentence says it)."""
     return rate(tok_s).removesuffix(" tok/s")
 
 
-def _gb(n: float) -> str:
+def gb(n: float) -> str:
+    """Bytes as GB with one decimal."""
     return f"{n / GIB:.1f} GB"
 
 
@@ -41,7 +44,7 @@ def _fresh(s: Store, now: float, cfg: DiagnosisConfig) -> bool:
     return age is not None and age <= cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S
 
 
-def _live(s: Store, now: float, cfg: DiagnosisConfig, *phases: str) -> Heartbeat | None:
+def live_heartbeat(s: Store, now: float, cfg: DiagnosisConfig, *phases: str) -> Heartbeat | None:
     """The heartbeat of a running run with a fresh heartbeat (in one of `phases` if given).
 
     Rules about a working pipeline say nothing from an old snapshot: stale_heartbeat speaks."""
@@ -53,7 +56,8 @@ def _live(s: Store, now: float, cfg: DiagnosisConfig, *phases: str) -> Heartbeat
     return hb
 
 
-def _phase_age(s: Store, now: float) -> float | None:
+def phase_age(s: Store, now: float) -> float | None:
+    """Seconds the run has been in its phase, on the host's clock; None before a heartbeat."""
     hb = s.heartbeat
     if hb is None or not hb.phase_started_at:
         return None
@@ -76,7 +80,7 @@ class Possible:
 
 
 def possible(s: Store, now: float, cfg: DiagnosisConfig) -> Possible:
-    hb = _live(s, now, cfg, TRAINING)
+    hb = live_heartbeat(s, now, cfg, TRAINING)
     stepping = (
         hb is not None
         and hb.last_step_at is not None
@@ -87,12 +91,12 @@ def possible(s: Store, now: float, cfg: DiagnosisConfig) -> Possible:
 
 
 # -- history: the store's heartbeats ---------------------------------------------------------
-def _recent(s: Store, t_now: float, window_s: float) -> list[Heartbeat]:
+def recent_heartbeats(s: Store, t_now: float, window_s: float) -> list[Heartbeat]:
     """The store's heartbeats of this run within `window_s` before `t_now`, oldest first."""
     return [b for b in s.heartbeats if 0.0 <= t_now - b.now <= window_s]
 
 
-def _rise(
+def rise_in_window(
     points: Iterable[tuple[float, float]], current: float, now: float, window_s: float
 ) -> tuple[float, float]:
     """(how much `current` rose since the oldest point in the window, over how long)."""
@@ -104,7 +108,7 @@ def _rise(
 
 
 # -- GPUs and queues ------------------------------------------------------------------------
-def _role_gpus(s: Store, role: str, exclusive: bool = False) -> list[int]:
+def role_gpus(s: Store, role: str, exclusive: bool = False) -> list[int]:
     """GPUs running a `role` thread; `exclusive`: not shared with the other model's role."""
     other = {"target": "drafter", "drafter": "target"}.get(role)
     devices = s.gpu_devices()
@@ -116,7 +120,7 @@ def _role_gpus(s: Store, role: str, exclusive: bool = False) -> list[int]:
     return out
 
 
-def _util(s: Store, index: int, now: float, cfg: DiagnosisConfig) -> float | None:
+def mean_util(s: Store, index: int, now: float, cfg: DiagnosisConfig) -> float | None:
     """Mean utilisation of one GPU over the window (one sample at 100% means little)."""
     since = s.remote_now(now) - cfg.util_window_s
     recent = [p.util for p in s.gpu_history.get(index, ()) if p.t >= since and p.util is not None]
@@ -126,7 +130,7 @@ def _util(s: Store, index: int, now: float, cfg: DiagnosisConfig) -> float | Non
     return None if device is None or device.util is None else float(device.util)
 
 
-def _recent_rates(s: Store, cfg: DiagnosisConfig) -> tuple[list[float], str]:
+def recent_rates(s: Store, cfg: DiagnosisConfig) -> tuple[list[float], str]:
     """The last logged steps' tok/s (metrics rows, else step lines, else the heartbeat's)."""
     n = cfg.rate_samples
     rates = [v for m in list(s.metrics)[-n:] if (v := finite(m.tok_s)) is not None]

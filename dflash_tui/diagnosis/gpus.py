@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _gb,
-    _live,
-    _recent,
-    _rise,
-    _role_gpus,
+    dur,
+    gb,
+    live_heartbeat,
     possible,
+    recent_heartbeats,
+    rise_in_window,
+    role_gpus,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -74,7 +74,7 @@ def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
         peak = usual.usual
         short = [
             (i, float(devices[i].mem_used))
-            for i in _role_gpus(s, role, exclusive=True)
+            for i in role_gpus(s, role, exclusive=True)
             if devices[i].mem_used < cfg.role_memory_frac * peak
         ]
         if not short:
@@ -85,8 +85,8 @@ def role_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
                 "warning",
                 "memory_short",
                 f"{who} less memory than usual",
-                ", ".join(f"GPU {i} {_gb(m)}" for i, m in short)
-                + f"; a {role} peaked at {_gb(peak)} in earlier runs of this config"
+                ", ".join(f"GPU {i} {gb(m)}" for i, m in short)
+                + f"; a {role} peaked at {gb(peak)} in earlier runs of this config"
                 + f" (last: {usual.last_run})",
                 f"check the {role}s get batches (queues) and that this run's batch and seq "
                 f"buckets match run {usual.last_run}",
@@ -110,11 +110,11 @@ def allocator_retries(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     fragmentation, each retry a synchronising stall. Only a rising count matters; a few during
     warm-up are harmless. History: metrics.jsonl's per-step memory and the store's
     heartbeats."""
-    hb = _live(s, now, cfg)
+    hb = live_heartbeat(s, now, cfg)
     if hb is None:
         return []
     t_now = hb.now
-    beats = _recent(s, t_now, cfg.rise_window_s)
+    beats = recent_heartbeats(s, t_now, cfg.rise_window_s)
     rising: list[tuple[str, int, float, float, DeviceMemory]] = []
     for dev, mem in hb.memory.items():
         cur = mem.alloc_retries
@@ -126,7 +126,7 @@ def allocator_retries(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
                 break
             if dev in m.memory:
                 points.append((m.time, float(m.memory[dev].alloc_retries)))
-        rise, over = _rise(points, cur, t_now, cfg.rise_window_s)
+        rise, over = rise_in_window(points, cur, t_now, cfg.rise_window_s)
         if rise > 0:
             rising.append((dev, cur, rise, over, mem))
     if not rising:
@@ -137,8 +137,8 @@ def allocator_retries(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
             "alloc_retries",
             f"memory fragmentation: allocator retries on {', '.join(r[0] for r in rising)}",
             "; ".join(
-                f"{dev}: {cur} retries, +{rise:.0f} in the last {_dur(over)} (reserved "
-                f"{_gb(mem.reserved)}, allocated {_gb(mem.allocated)})"
+                f"{dev}: {cur} retries, +{rise:.0f} in the last {dur(over)} (reserved "
+                f"{gb(mem.reserved)}, allocated {gb(mem.allocated)})"
                 for dev, cur, rise, over, mem in rising
             ),
             "restart with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or lower the "
@@ -246,7 +246,7 @@ def _throttle_text(g: _Clocks, share: float, bits: int) -> str:
     """`GPU 6 (drafter) 1.70 of 1.98 GHz, power cap in 100% of 12 samples over 1m50s`."""
     return (
         f"GPU {g.index} ({g.role}) {g.ghz()}, {_reasons(bits)} in {share:.0%} of {g.samples} "
-        f"samples over {_dur(g.span_s)}"
+        f"samples over {dur(g.span_s)}"
     )
 
 
@@ -280,7 +280,7 @@ def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
     91-100 % of samples): info, unless that GPU runs well below its peers of the same role,
     which the replicas' step (or the targets' feed) then waits for: warning; so is one held
     below its peers by clocks set or locked lower (application clocks) or sync boost."""
-    if _live(s, now, cfg, TRAINING) is None:
+    if live_heartbeat(s, now, cfg, TRAINING) is None:
         return []
     gpus = _gpu_clocks(s, now, cfg)
     warn: list[tuple[int, str, str, str]] = []  # (rank: worst first, title, evidence, action)
@@ -347,7 +347,7 @@ def gpu_throttled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
                 "info",
                 "gpu_throttled",
                 f"GPU {which} power-capped",
-                f"power cap in {share:.0%}+ of the last {_dur(cfg.throttle_window_s)}'s samples "
+                f"power cap in {share:.0%}+ of the last {dur(cfg.throttle_window_s)}'s samples "
                 f"(SM clocks: {clocks}); no GPU below its peers: normal under sustained load",
                 "nothing to do; a GPU that falls below its peers' clock is said as a warning",
             )
@@ -386,7 +386,7 @@ def gpu_ecc_errors(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
             bad.append(index)
             parts.append(
                 f"GPU {index} ({role}): +{rise} uncorrected ECC errors during the run "
-                f"({pts[0][1]} -> {pts[-1][1]} over {_dur(pts[-1][0] - pts[0][0])} of samples, "
+                f"({pts[0][1]} -> {pts[-1][1]} over {dur(pts[-1][0] - pts[0][0])} of samples, "
                 "NVML's volatile count)"
             )
     if not bad:

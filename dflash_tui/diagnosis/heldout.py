@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dflash_tui import evaluation
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _live,
+    dur,
+    live_heartbeat,
     possible,
 )
 from dflash_tui.diagnosis.config import (
@@ -138,7 +138,7 @@ def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
 def eval_plateau(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """Held-out τ has not beaten its best for `plateau_evals` evals while the run trains on:
     the steps buy nothing the target accepts. Quiet when `overfitting` says more."""
-    hb = _live(s, now, cfg, TRAINING, CHECKPOINTING)
+    hb = live_heartbeat(s, now, cfg, TRAINING, CHECKPOINTING)
     got = _since_best(hb.eval) if hb is not None and hb.eval is not None else None
     if got is None or len(got[1]) < cfg.plateau_evals:
         return []
@@ -180,7 +180,7 @@ def eval_skipped(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     # GPU) and say "0s" of evals that each outlasted eval.every.
     done = len(info.history)
     if done:
-        took = f"; {done} ran, {_dur(info.seconds / done)} each on average"
+        took = f"; {done} ran, {dur(info.seconds / done)} each on average"
     elif info.running_step is not None:
         took = f"; none has finished yet (step {info.running_step}'s is still running)"
     else:

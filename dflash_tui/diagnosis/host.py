@@ -4,9 +4,9 @@ short, GIL pressure."""
 from __future__ import annotations
 
 from dflash_tui.diagnosis.common import (
-    _live,
-    _recent,
+    live_heartbeat,
     possible,
+    recent_heartbeats,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -202,10 +202,10 @@ def gil_pressure(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     busy on a host with CPUs to spare: on an oversubscribed host every thread wakes late
     waiting for a CPU (host_oversubscribed says so), and threads that are mostly idle hold
     no GIL for long."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = live_heartbeat(s, now, cfg, TRAINING)
     if hb is None or not possible(s, now, cfg).tune or _oversubscribed(_host(s, now, cfg), cfg):
         return []
-    beats = _recent(s, hb.now, cfg.rise_window_s)[-cfg.gil_beats :]
+    beats = recent_heartbeats(s, hb.now, cfg.rise_window_s)[-cfg.gil_beats :]
     if len(beats) < cfg.gil_beats or not all(
         b.gil.p99_ms > cfg.gil_p99_ms and b.gil.samples >= cfg.gil_min_samples for b in beats
     ):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import statistics
 
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _live,
-    _rate,
-    _recent,
-    _recent_rates,
-    _rise,
+    dur,
+    live_heartbeat,
     possible,
+    recent_heartbeats,
+    recent_rates,
+    rise_in_window,
+    tok_rate,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -43,16 +43,19 @@ def recompiles(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     """torch.compile compiled graphs after warm-up: every new shape or guard failure stalls
     all threads for seconds to minutes. Says how much the count rose lately (the store's
     heartbeat history)."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = live_heartbeat(s, now, cfg, TRAINING)
     if hb is None or hb.compile.recompiles <= 0:
         return []
     comp = hb.compile
     n = comp.recompiles
-    points = [(b.now, float(b.compile.recompiles)) for b in _recent(s, hb.now, cfg.rise_window_s)]
-    rise, over = _rise(points, n, hb.now, cfg.rise_window_s)
+    points = [
+        (b.now, float(b.compile.recompiles))
+        for b in recent_heartbeats(s, hb.now, cfg.rise_window_s)
+    ]
+    rise, over = rise_in_window(points, n, hb.now, cfg.rise_window_s)
     evidence = f"{n} graphs compiled after warm-up ({comp.graphs} in all)"
     if rise > 0:
-        evidence += f", +{rise:.0f} in the last {_dur(over)}"
+        evidence += f", +{rise:.0f} in the last {dur(over)}"
     why = comp.last_recompile
     if why:
         evidence += f"; last: {why}"
@@ -153,7 +156,7 @@ def environment_changed(
     hb = s.heartbeat
     if hb is not None and not possible(s, now, cfg).tune:
         return []
-    rates, _source = _recent_rates(s, cfg)
+    rates, _source = recent_rates(s, cfg)
     if not rates:
         return []
     current = statistics.median(rates)
@@ -167,8 +170,8 @@ def environment_changed(
             "warning",
             "environment_changed",
             f"environment differs from a faster run: {what}",
-            f"{_rate(current)} tok/s now; run {change.run.run_id} (same config) trained at "
-            f"{_rate(change.tok_s)} tok/s on: {before}",
+            f"{tok_rate(current)} tok/s now; run {change.run.run_id} (same config) trained at "
+            f"{tok_rate(change.tok_s)} tok/s on: {before}",
             f"put back what differs ({what}), or compare the two runs' config.json run.environment",
         )
     ]

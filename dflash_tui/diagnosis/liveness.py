@@ -8,9 +8,9 @@ import statistics
 
 from dflash_tui import compile_progress
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _live,
-    _phase_age,
+    dur,
+    live_heartbeat,
+    phase_age,
     possible,
 )
 from dflash_tui.diagnosis.config import (
@@ -92,7 +92,7 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     working = [t for t in threads if not t.state.startswith("waiting")]
     stuck = max(working or threads, key=hb.in_state_s, default=None)
     where = (
-        f"{stuck.name} ({stuck.state} for {_dur(hb.in_state_s(stuck))})"
+        f"{stuck.name} ({stuck.state} for {dur(hb.in_state_s(stuck))})"
         if stuck
         else "an unknown thread"
     )
@@ -102,9 +102,9 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
                 "critical",
                 "checkpoint_stalled",
                 f"checkpoint after step {hb.step} stalled in {where}",
-                f"heartbeat fresh, checkpointing for {_dur(hb.now - hb.phase_started_at)}, "
-                f"no step for {_dur(since_step)}"
-                + (f"; a save usually takes {_dur(usual[0])} ({usual[1]})" if usual else ""),
+                f"heartbeat fresh, checkpointing for {dur(hb.now - hb.phase_started_at)}, "
+                f"no step for {dur(since_step)}"
+                + (f"; a save usually takes {dur(usual[0])} ({usual[1]})" if usual else ""),
                 "check the disk under the run dir (free space, a slow or hung mount); dump "
                 "stacks (d) to see where the save waits",
             )
@@ -114,7 +114,7 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             "critical",
             "loop_stalled",
             f"training loop stalled in {where}",
-            f"heartbeat fresh, but no step for {_dur(since_step)} (step {hb.step})",
+            f"heartbeat fresh, but no step for {dur(since_step)} (step {hb.step})",
             "dump stacks (d) to see where it waits",
         )
     ]
@@ -151,7 +151,7 @@ def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     than earlier comparable runs took to stop, or than `stop_stall_s` with none: a save on a
     hung disk, or a thread that never looks at the stop flag. Until it ends, its GPU memory
     stays held and a relaunch is refused."""
-    hb = _live(s, now, cfg, STOPPING)
+    hb = live_heartbeat(s, now, cfg, STOPPING)
     if hb is None or not hb.phase_started_at:
         return []
     elapsed = s.remote_now(now) - hb.phase_started_at
@@ -160,24 +160,24 @@ def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     if past:
         usual = statistics.median(v for _, v in past)
         bar = max(cfg.slow_phase_factor * usual, usual + cfg.slow_phase_margin_s)
-        against = f"earlier runs stopped in {_dur(usual)} (median of {len(past)}; last: run "
-        against += f"{past[-1][0]}, {_dur(past[-1][1])})"
+        against = f"earlier runs stopped in {dur(usual)} (median of {len(past)}; last: run "
+        against += f"{past[-1][0]}, {dur(past[-1][1])})"
     else:
         bar, against = (
             cfg.stop_stall_s,
-            f"no earlier comparable run to compare with; bar {_dur(cfg.stop_stall_s)}",
+            f"no earlier comparable run to compare with; bar {dur(cfg.stop_stall_s)}",
         )
     if elapsed < bar:
         return []
     threads = [t for t in hb.threads if t.state not in ("done", "")]
     stuck = max(threads, key=hb.in_state_s, default=None)
-    where = f"; {stuck.name} {stuck.state} for {_dur(hb.in_state_s(stuck))}" if stuck else ""
+    where = f"; {stuck.name} {stuck.state} for {dur(hb.in_state_s(stuck))}" if stuck else ""
     return [
         Finding(
             "warning",
             "stop_stalled",
-            f"stopping for {_dur(elapsed)} at step {hb.step}",
-            f"heartbeat fresh, stopping for {_dur(elapsed)}; {against}{where}",
+            f"stopping for {dur(elapsed)} at step {hb.step}",
+            f"heartbeat fresh, stopping for {dur(elapsed)}; {against}{where}",
             "dump stacks (d) to see what the stop waits for; kill (k) sends SIGKILL after its "
             "timeout (the newest good checkpoint stays)",
         )
@@ -253,7 +253,7 @@ def slow_phase(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     the phase. Compared with the median of those runs, so one odd run does not set the bar.
     The wait for the target's weights (loading_target#2) is compared as whole loads: the load
     overlaps compiling, so this run's load so far against earlier runs' whole loads."""
-    hb = _live(s, now, cfg, LOADING_DATA, LOADING_TARGET, COMPILING)
+    hb = live_heartbeat(s, now, cfg, LOADING_DATA, LOADING_TARGET, COMPILING)
     got = phase_comparison(s, now) if hb else None
     if hb is not None and got is None:
         return _slower_compile(s, hb, now, cfg)
@@ -263,9 +263,9 @@ def slow_phase(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     usual = past.usual
     if elapsed <= cfg.slow_phase_factor * usual or elapsed - usual <= cfg.slow_phase_margin_s:
         return []
-    evidence = f"{_dur(elapsed)} so far; {_dur(past.last)} last time (run {past.last_run})"
+    evidence = f"{dur(elapsed)} so far; {dur(past.last)} last time (run {past.last_run})"
     if len(past.values) > 1:
-        evidence += f", median {_dur(usual)} over {len(past.values)} runs"
+        evidence += f", median {dur(usual)} over {len(past.values)} runs"
     if got.key == TARGET_WAIT:
         evidence = f"the whole load: {evidence}"
     progress = hb.phase_progress
@@ -298,7 +298,7 @@ def _slower_compile(s: Store, hb: Heartbeat, now: float, cfg: DiagnosisConfig) -
     elapsed = s.remote_now(now) - hb.phase_started_at
     if elapsed <= cfg.slow_phase_factor * last or elapsed - last <= cfg.slow_phase_margin_s:
         return []
-    evidence = f"{_dur(elapsed)} so far; the compile cache's history: " + (
+    evidence = f"{dur(elapsed)} so far; the compile cache's history: " + (
         compile_progress.detail(hb, s.remote_now(now)) or ""
     )
     return [
@@ -362,14 +362,14 @@ def no_step_line_yet(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
     wandb_lines = _wandb_lines(s)
     if hb is None or not s.follow_received or s.step_lines or not wandb_lines or s.ended():
         return []
-    age = _phase_age(s, now)
-    in_phase = f"{hb.phase} for {_dur(age)}" if age is not None else hb.phase
+    age = phase_age(s, now)
+    in_phase = f"{hb.phase} for {dur(age)}" if age is not None else hb.phase
     expect = phase_expectation(s, now)
     wb = wandb_info(s)
     run = f"; wandb run {wb.id} ({wb.mode or '?'})" if wb and wb.id else ""
     log = f"train.log: {len(wandb_lines)} wandb lines, no step line"
     if hb.step > 0 and hb.last_step_at is not None:
-        ago = _dur(s.remote_now(now) - hb.last_step_at)
+        ago = dur(s.remote_now(now) - hb.last_step_at)
         return [
             Finding(
                 "info",

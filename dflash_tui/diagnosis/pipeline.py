@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _live,
-    _rate,
-    _recent,
-    _role_gpus,
-    _util,
+    dur,
+    live_heartbeat,
+    mean_util,
     possible,
+    recent_heartbeats,
+    role_gpus,
+    tok_rate,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -65,7 +65,7 @@ class _Queues:
 
     def span(self) -> str:
         n = len(self.samples)
-        return "1 sample" if n == 1 else f"all {n} samples over {_dur(self.span_s)}"
+        return "1 sample" if n == 1 else f"all {n} samples over {dur(self.span_s)}"
 
 
 def _queues(s: Store, hb: Heartbeat, now: float, cfg: DiagnosisConfig) -> _Queues | None:
@@ -97,9 +97,9 @@ def _idle(
     """Evidence that `role` sits idle, or None. With GPUs: its GPUs' mean utilisation. Without
     (the CPU demo): every thread of the role blocked in `waiting` for a long time, since one
     queue wait between two batches is normal."""
-    gpus = _role_gpus(s, role, exclusive=True)
+    gpus = role_gpus(s, role, exclusive=True)
     if gpus:
-        utils = {i: _util(s, i, now, cfg) for i in gpus}
+        utils = {i: mean_util(s, i, now, cfg) for i in gpus}
         known = [u for u in utils.values() if u is not None]
         if not known or statistics.fmean(known) > cfg.idle_util_pct:
             return None
@@ -120,7 +120,7 @@ def _idle(
     waited = min(hb.in_state_s(t) for t in threads)
     return (
         ", ".join(f"{', '.join(names)} {state}" for state, names in by_state.items())
-        + f" for {_dur(waited)}+"
+        + f" for {dur(waited)}+"
     )
 
 
@@ -236,7 +236,7 @@ def _stage_bottleneck(
 
 def _idle_gpus(s: Store, role: str, now: float, cfg: DiagnosisConfig) -> str:
     """`drafter GPUs 5 41%, 6 40%`: the role's GPUs' mean utilisation, where sampled."""
-    utils = {i: _util(s, i, now, cfg) for i in _role_gpus(s, role, exclusive=True)}
+    utils = {i: mean_util(s, i, now, cfg) for i in role_gpus(s, role, exclusive=True)}
     known = {i: u for i, u in utils.items() if u is not None}
     return f"{role} GPUs " + ", ".join(f"{i} {u:.0f}%" for i, u in known.items()) if known else ""
 
@@ -271,7 +271,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     It has input and room for output (unless it waits on a full q_hs: then the drafters are
     slow, not it), so its thread is stuck. A small model keeps its GPU near idle while its
     thread cycles through its states every few milliseconds: that is not stuck."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = live_heartbeat(s, now, cfg, TRAINING)
     q = _queues(s, hb, now, cfg) if hb else None
     if hb is None or q is None:
         return []
@@ -289,7 +289,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         if th is None:
             name, doing, gpu = f"target {i}", "no thread info", None
         else:
-            name, doing = th.name, f"'{th.state}' for {_dur(hb.in_state_s(th))}"
+            name, doing = th.name, f"'{th.state}' for {dur(hb.in_state_s(th))}"
             gpu = s.thread_gpu(th)
         top = row.top_work() if row else None
         if row is not None and top is not None:
@@ -300,7 +300,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         if row is not None:
             busy_s = max(cfg.stuck_loops * row.period_ms / 1e3, cfg.stuck_min_s)
         if gpu is not None:
-            util = _util(s, gpu, now, cfg)
+            util = mean_util(s, gpu, now, cfg)
             if util is None or util > cfg.idle_util_pct:
                 continue
             if th is not None and hb.in_state_s(th) < cfg.util_window_s:
@@ -372,7 +372,7 @@ def pipeline_bottleneck(
     q_hs empty with idle drafters -> the targets; q_hs and q_pre backed up with idle targets
     -> the drafters), idle being GPU utilisation. Without GPUs of its own, idle is threads
     blocked for long."""
-    hb = _live(s, now, cfg, TRAINING) if possible(s, now, cfg).tune else None
+    hb = live_heartbeat(s, now, cfg, TRAINING) if possible(s, now, cfg).tune else None
     q = _queues(s, hb, now, cfg) if hb else None
     verdict = _bottleneck(s, hb, q, now, cfg) if hb and q else None
     if verdict is None:
@@ -389,7 +389,7 @@ def _prefetch_cpu_bound(
     """More prefetch threads help only threads that compute: the prefetch threads' CPU
     (ThreadInfo.cpu_pct, the trainer's /proc/self/task reading) averaged over the store's
     heartbeats of the utilisation window decides between that advice and a wait on I/O."""
-    beats = [*_recent(s, hb.now, cfg.util_window_s), hb]
+    beats = [*recent_heartbeats(s, hb.now, cfg.util_window_s), hb]
     by_beat = {b.now: [t.cpu_pct for t in b.threads_of("prefetch")] for b in beats}
     samples = [pct for pcts in by_beat.values() for pct in pcts]
     if not samples:
@@ -489,7 +489,7 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
     """Most batch positions are padding: the GPUs compute on nothing. Short samples padded to
     a long bucket (chat data without packing: 99 % padding, 200 tok/s instead of 15K, was
     seen on an H200). The heartbeat's `data.padding` is the share over the recent steps."""
-    hb = _live(s, now, cfg, TRAINING)
+    hb = live_heartbeat(s, now, cfg, TRAINING)
     if hb is None or not possible(s, now, cfg).tune or hb.data is None or hb.data.padding is None:
         return []
     pad = hb.data.padding
@@ -507,7 +507,7 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
             "warning",
             "mostly_padding",
             f"{pad:.0%} of every batch is padding",
-            f"{_rate(hb.tok_s)} of real tokens; packing is {'on' if hb.data.packing else 'off'}"
+            f"{tok_rate(hb.tok_s)} of real tokens; packing is {'on' if hb.data.packing else 'off'}"
             f" ({hb.data.samples:,} samples, {hb.data.truncated:,} truncated)",
             action,
         )

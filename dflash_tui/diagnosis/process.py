@@ -6,8 +6,8 @@ from __future__ import annotations
 import posixpath
 
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _gb,
+    dur,
+    gb,
     possible,
 )
 from dflash_tui.diagnosis.config import (
@@ -238,7 +238,7 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "critical",
             "stale_heartbeat",
             what,
-            f"heartbeat is {_dur(age)} old (pid {hb.pid}, phase "
+            f"heartbeat is {dur(age)} old (pid {hb.pid}, phase "
             f"{hb.phase}); it is rewritten every <= 2 s by its own thread",
             "the process is gone: the finding above says how; restart (r)"
             if dead
@@ -283,13 +283,13 @@ def memory_held_after_kill(
         d = devices[i]
         procs = [p for p in d.processes if p.mem_used >= cfg.held_min_bytes]
         for p in procs:
-            held.setdefault(p.pid, []).append(f"{_gb(p.mem_used)} on GPU {i}")
+            held.setdefault(p.pid, []).append(f"{gb(p.mem_used)} on GPU {i}")
             if not p.local:
                 remote_pids.add(p.pid)
         if not procs and d.mem_used >= cfg.held_min_bytes:
             # Inside a container NVML may list no process, or with no memory figure.
             for pid in [p.pid for p in d.processes] or [0]:
-                held.setdefault(pid, []).append(f"{_gb(d.mem_used)} on GPU {i}")
+                held.setdefault(pid, []).append(f"{gb(d.mem_used)} on GPU {i}")
     if not held:
         return []
     parts = []
@@ -338,7 +338,7 @@ def code_mismatch(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -
         return []
     evidence = f"running {running[:12]}, deployed {want[:12]}"
     if hb.started_at and deployed.at and deployed.at > hb.started_at:
-        evidence += f" ({_dur(deployed.at - hb.started_at)} after this run started)"
+        evidence += f" ({dur(deployed.at - hb.started_at)} after this run started)"
     return [
         Finding(
             "warning",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dflash_tui import rank_balance, ranks_view
 from dflash_tui.diagnosis.common import (
-    _dur,
-    _live,
+    dur,
+    live_heartbeat,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -50,7 +50,7 @@ def rank_silent(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
                 "critical",
                 "rank_silent",
                 f"{ranks_view.name(b)} silent on {b.host}",
-                f"its heartbeat is {_dur(lag)} behind the freshest rank's (pid {b.pid}, "
+                f"its heartbeat is {dur(lag)} behind the freshest rank's (pid {b.pid}, "
                 f"{b.device}, last phase {b.phase} at step {b.step}); each rank rewrites it "
                 "every <= 2 s",
                 "dump stacks (d): its section says where it waits; if it answers nothing, "
@@ -94,7 +94,7 @@ def _timed_ranks(s: Store, now: float, cfg: DiagnosisConfig) -> list[rank_balanc
     """Every rank's loop times (rank_balance.timed) while the job trains; none while any
     rank's do not speak (silent, failed, unreadable, not training yet): the others wait for
     that one, which rank_silent and rank_failed name, not a straggler or the link."""
-    if _live(s, now, cfg, TRAINING) is None or len(s.ranks) < 2:
+    if live_heartbeat(s, now, cfg, TRAINING) is None or len(s.ranks) < 2:
         return []
     limit = cfg.stale_factor * HEARTBEAT_MAX_INTERVAL_S
     stale = {r for r, lag in ranks_view.lags(s.ranks).items() if lag > limit}

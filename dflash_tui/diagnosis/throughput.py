@@ -6,10 +6,10 @@ from __future__ import annotations
 import statistics
 
 from dflash_tui.diagnosis.common import (
-    _live,
-    _rate,
-    _recent_rates,
+    live_heartbeat,
     possible,
+    recent_rates,
+    tok_rate,
 )
 from dflash_tui.diagnosis.config import (
     DEFAULT_CONFIG,
@@ -46,7 +46,7 @@ def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
         return []
     if hb is None and s.ended():
         return []
-    rates, source = _recent_rates(s, cfg)
+    rates, source = recent_rates(s, cfg)
     if not rates:
         return []
     current = statistics.median(rates)
@@ -64,8 +64,9 @@ def slow_throughput(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
         Finding(
             "warning",
             "slow_throughput",
-            f"tok/s {deficit:.0f}% below the {_rate(base)} baseline",
-            f"{_rate(current)} tok/s ({how}) vs {_rate(base)}; more than {cfg.slow_pct:.0f}% below",
+            f"tok/s {deficit:.0f}% below the {tok_rate(base)} baseline",
+            f"{tok_rate(current)} tok/s ({how}) vs {tok_rate(base)}; "
+            f"more than {cfg.slow_pct:.0f}% below",
             "compare GPU use per role, queue depths and GIL with the baseline run",
         )
     ]
@@ -97,7 +98,7 @@ def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     """tok/s fell and stayed down against the run's own stable median: every logged step of
     a stretch of at least drop_rows more than drop_pct below the median of the steps before
     it (throughput_history.own_drop), since which step said. Off when baseline_tok_s is set."""
-    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+    if cfg.baseline_tok_s or not live_heartbeat(s, now, cfg, TRAINING):
         return []
     got = _own_drop(s, cfg)
     if got is None:
@@ -107,8 +108,8 @@ def throughput_drop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "warning",
             "throughput_drop",
             f"tok/s down {got.drop_pct:.0f}% from this run's own baseline",
-            f"{_rate(got.recent_tok_s)} tok/s (median of the last {got.recent_rows} logged"
-            f" steps) vs {_rate(got.stable_tok_s)} (median of the {got.stable_rows} logged"
+            f"{tok_rate(got.recent_tok_s)} tok/s (median of the last {got.recent_rows} logged"
+            f" steps) vs {tok_rate(got.stable_tok_s)} (median of the {got.stable_rows} logged"
             f" steps before); every logged step since step {got.slow_since} more than"
             f" {cfg.drop_pct:.0f}% below",
             f"compare GPU use per role, queue depths and stage times with before step"
@@ -149,7 +150,7 @@ def below_earlier_runs(
     find a gap in noise alone. Off when baseline_tok_s is set; quiet when the run dropped
     against itself (throughput_drop speaks) or its environment differs (environment_changed
     speaks)."""
-    if cfg.baseline_tok_s or not _live(s, now, cfg, TRAINING):
+    if cfg.baseline_tok_s or not live_heartbeat(s, now, cfg, TRAINING):
         return []
     rows = [v for _, v in logged_rates(s)[cfg.drop_skip_rows :]]
     if len(rows) < cfg.rate_samples:
@@ -171,8 +172,8 @@ def below_earlier_runs(
             "warning",
             "below_earlier_runs",
             f"tok/s {deficit:.0f}% below earlier run {best.run_id}",
-            f"{_rate(current)} tok/s (median of the last {len(recent)} logged steps, the"
-            f" fastest {_rate(max(recent))}) vs {_rate(best.tok_s)}, the best of run"
+            f"{tok_rate(current)} tok/s (median of the last {len(recent)} logged steps, the"
+            f" fastest {tok_rate(max(recent))}) vs {tok_rate(best.tok_s)}, the best of run"
             f" {best.run_id} (same shape and layout); every one more than"
             f" {cfg.earlier_pct:.0f}% below",
             f"compare this run's GPU use, queues and stage times with run {best.run_id}",

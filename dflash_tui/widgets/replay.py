@@ -60,7 +60,7 @@ class ReplayScreen(Screen[None]):
         Binding("end,e", "last", "the end", priority=True),
         Binding("escape", "live", "live"),
         Binding("p", "noop", "", show=False),  # a replay in a replay: nothing to add
-        # The app's control keys, taken here first (its palette is guarded in `_control`).
+        # The app's control keys, taken here first (its palette: app_control's `start`).
         Binding("r,k,d,c", "refused", "", show=False),
     ]
 

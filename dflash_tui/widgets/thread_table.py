@@ -219,7 +219,7 @@ class ThreadsScreen(Screen[None]):
                 TextScreen(f"Stack of thread {name} — pid {st.pid}, {st.path}", body)
             )
 
-        app._control("dump stacks", run)
+        app.controls.start("dump stacks", run)
 
     def offer_signal(self, p: ProcInfo, leader: bool) -> None:
         app = self.dapp
@@ -240,4 +240,4 @@ class ThreadsScreen(Screen[None]):
             )
             app.notify(done.message, title="signal", timeout=8)
 
-        app._control("signal", run)
+        app.controls.start("signal", run)

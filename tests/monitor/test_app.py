@@ -226,7 +226,7 @@ async def restarted(pilot, app: DFlashApp) -> str:
     last one is this restart's)."""
     for _ in range(600):
         await pilot.pause(0.1)
-        if app._busy is None:
+        if app.controls.busy is None:
             break
     done = [n.message for n in app._notifications if n.message.startswith("restarted as ")]
     assert done, [n.message for n in app._notifications]
@@ -277,7 +277,7 @@ def test_control_keys_drive_the_real_run(live_remote):
             assert any("still running" in n.message for n in app._notifications)
             for _ in range(900):  # a loaded CI machine: the stop can take a while
                 await pilot.pause(0.1)
-                if app._busy is None:
+                if app.controls.busy is None:
                     break
             killed = [n.message for n in app._notifications if "stopped at step" in n.message]
             assert len(killed) == 1 and killed[0].startswith(f"{run_id} stopped at step ")
@@ -305,7 +305,7 @@ def test_control_keys_drive_the_real_run(live_remote):
             assert plain_label(app.screen, "#fresh") == "Start fresh (step 0)"
             await pilot.press("escape")
             await pilot.pause(0.2)
-            assert not isinstance(app.screen, RestartScreen) and app._busy is None
+            assert not isinstance(app.screen, RestartScreen) and app.controls.busy is None
             assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [run_id]
 
             # r, then r: resume from that checkpoint into a new run dir, which the app follows

@@ -16,6 +16,7 @@ from test_diagnosis import Clock, events, hb, of_type
 
 from dflash_tui import cli
 from dflash_tui.app import DFlashApp
+from dflash_tui.commands import actions
 from dflash_tui.diagnosis import diagnose
 from dflash_tui.headless import status_line
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -237,7 +238,7 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
     cli_link = FakeLink()
     for argv in (["kill", "box"], ["restart", "box", "--run", RUN]):
         args = cli.build_command_parser(argv[0]).parse_args(argv[1:])
-        code = asyncio.run(cli.command_work(argv[0], args)(cli_link, Store()))
+        code = asyncio.run(actions.work(argv[0], args)(cli_link, Store()))
         assert code == 0
 
     tui_link = FakeLink()
@@ -254,7 +255,7 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
                 await pilot.press(answer)
                 for _ in range(50):
                     await pilot.pause(0.05)
-                    if app._busy is None:
+                    if app.controls.busy is None:
                         break
 
     asyncio.run(go())

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dflash_tui import cli
-from dflash_tui.cli_slips import slip_for, ssh_aliases
+from dflash_tui.commands.slips import slip_for, ssh_aliases
 
 ROOT = Path(__file__).resolve().parents[2]
 

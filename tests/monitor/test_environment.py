@@ -18,7 +18,7 @@ import pytest
 from test_diagnosis import NOW, SCENARIOS, codes, events, hb, of_type, only, run, store
 
 from dflash_tui.agent.runs import RunRoot
-from dflash_tui.cli import _fmt_runs
+from dflash_tui.commands.runs import format_runs
 from trainer.contract.environment import (
     Environment,
     KernelPackage,
@@ -59,7 +59,7 @@ def test_old_run_dirs_have_no_fingerprint_and_still_list(tmp_path, fixture):
     infos = [root.info(r, None) for r in root.run_ids()]
     assert infos and all(i.environment is None and i.preflight is None for i in infos)
     assert all(i.unreadable == [] for i in infos)
-    assert "env: —" in _fmt_runs(infos, env=True)
+    assert "env: —" in format_runs(infos, env=True)
 
 
 def test_odd_values_are_reset_not_fatal():
@@ -97,7 +97,7 @@ def test_the_recorded_runs_carry_the_real_fingerprint():
             ("full_attention", "torch", "cpu: torch path")
         ]
     assert s.heartbeat is not None and s.heartbeat.preflight == s.runs[-1].preflight
-    text = _fmt_runs(s.runs, env=True)
+    text = format_runs(s.runs, env=True)
     assert "[slow kernels]" not in text
     assert "kernels (cpu): 6 full_attention: torch" in text
     assert f"env: {s.runs[0].environment.describe()}" in text
@@ -182,7 +182,7 @@ def test_the_runs_list_marks_a_gpu_run_on_the_slow_path(hybrid_on_gpu):
     evs = events(FINGERPRINTED)
     of_type(evs, "runs")[-1]["runs"][-1]["preflight"] = encode(hybrid_on_gpu)  # edit
     s = store(evs)
-    rows = _fmt_runs(s.runs).splitlines()
+    rows = format_runs(s.runs).splitlines()
     assert rows[-1].endswith("[slow kernels]") and not rows[1].endswith("[slow kernels]")
 
 

@@ -22,7 +22,7 @@ from monitor_helpers import typed_event
 from test_diagnosis import NOW, Events, codes, events, hb, of_type, only, store
 
 from dflash_tui import evaluation
-from dflash_tui.cli import _fmt_runs
+from dflash_tui.commands.runs import format_runs
 from dflash_tui.diagnosis import diagnose
 from dflash_tui.facts import earlier_best_tau
 from dflash_tui.headless import status_line
@@ -214,11 +214,11 @@ def test_the_agent_lists_each_runs_eval_from_its_heartbeat(tmp_path):
 
 def test_the_runs_list_shows_each_runs_best_tau():
     s = live_store(with_eval(info(CLIMB), info(points((1000, 2.8, 0.4)))))
-    text = _fmt_runs(s.runs)
+    text = format_runs(s.runs)
     assert "BEST τ" in text.splitlines()[0]
     earlier, followed = text.splitlines()[1:]
     assert "2.80@1000" in earlier and "2.50@1500" in followed
-    assert "—" in _fmt_runs(live_store().runs).splitlines()[1]
+    assert "—" in format_runs(live_store().runs).splitlines()[1]
 
 
 # -- the rules ---------------------------------------------------------------------------------

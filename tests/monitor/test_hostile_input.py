@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from monitor_helpers import Remote
 
-from dflash_tui.cli import _fmt_runs
+from dflash_tui.commands.runs import format_runs
 from dflash_tui.diagnosis import diagnose
 from dflash_tui.headless import status_line
 from dflash_tui.targets import resolve_target
@@ -87,7 +87,7 @@ class Rig:
             status_line(s, findings, unicode=True)
             status_line(s, findings, unicode=False, width=80)
             json.dumps(s.to_json(), default=str)
-            _fmt_runs(list(s.runs))
+            format_runs(list(s.runs))
 
     def alive(self) -> None:
         link = self.remote.link

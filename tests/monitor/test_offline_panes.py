@@ -96,7 +96,7 @@ def test_a_refused_connection_is_said_in_every_pane_and_control_keys_are_refused
                 new = toasts(app)[before:]
                 assert len(new) == 1, new
                 assert new[0].startswith(f"{action}: not connected to {target.name}: "), new
-                assert app._busy is None
+                assert app.controls.busy is None
             await pilot.press("r")
             await pilot.pause(0.05)
             assert not isinstance(app.screen, RestartScreen)

@@ -16,7 +16,7 @@ from rich.console import Console
 from test_diagnosis import NOW, Clock
 
 from dflash_tui.app import DFlashApp
-from dflash_tui.cli import _fmt_runs
+from dflash_tui.commands.runs import format_runs
 from dflash_tui.headless import status_line
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
@@ -69,7 +69,7 @@ def run_info(run_id: str, with_outcome: bool = True) -> RunInfo:
 
 
 def test_the_runs_list_says_how_each_run_ended() -> None:
-    text = _fmt_runs([run_info(r) for r in (FINISHED, STOPPED, CRASHED, DIED)])
+    text = format_runs([run_info(r) for r in (FINISHED, STOPPED, CRASHED, DIED)])
     rows = dict(ln.split(maxsplit=1) for ln in text.splitlines()[1:])
     assert rows[FINISHED].endswith("finished at step 40 of 40")
     assert rows[STOPPED].endswith(
@@ -83,7 +83,7 @@ def test_the_runs_list_says_how_each_run_ended() -> None:
         "died before start (exit code 2): error: train.lr: expected a number, got 'abc'"
     )
     # an agent that sends no outcome: the contract's rule on what the list has
-    old = _fmt_runs([run_info(r, with_outcome=False) for r in (FINISHED, CRASHED, DIED)])
+    old = format_runs([run_info(r, with_outcome=False) for r in (FINISHED, CRASHED, DIED)])
     assert "finished at step 40" in old and "crashed at step 15" in old
     assert "died before start (exit code 2)" in old
 

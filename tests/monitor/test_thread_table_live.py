@@ -195,7 +195,7 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             await until(pilot, lambda: isinstance(app.screen, ThreadsScreen), "back")
 
             # Enter on the trainer's row: the signal dialog; u sends SIGUSR2 (a C-level dump)
-            await until(pilot, lambda: app._busy is None, "the dump's command to end")
+            await until(pilot, lambda: app.controls.busy is None, "the dump's command to end")
             before = fallback.stat().st_size
             key = f"proc:{trainer.pid}:{trainer.start}"
             table.move_cursor(row=list(screen.rows).index(key))
@@ -218,7 +218,7 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             assert isinstance(app.screen, ThreadsScreen)  # the dialog has gone
 
             # Enter on the wrapper's row: said, no signal offered
-            await until(pilot, lambda: app._busy is None, "the signal's command to end")
+            await until(pilot, lambda: app.controls.busy is None, "the signal's command to end")
             table.move_cursor(row=list(screen.rows).index(wrap_key))
             await pilot.press("enter")
             said = await until(

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from test_trainer_cli import run_trainer
 
 from trainer.config import (
-    _RULES,
+    RULES,
     Config,
     ConfigError,
     apply_overrides,
@@ -213,9 +213,9 @@ def test_every_number_in_the_config_has_a_rule() -> None:
         for key, hint in typing.get_type_hints(type(table)).items():
             full = f"{section.name}.{key}"
             item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-            if hint in (int, float) and full not in _RULES:
+            if hint in (int, float) and full not in RULES:
                 missing.append(full)
-            if item in (int, float) and f"{full}[]" not in _RULES:
+            if item in (int, float) and f"{full}[]" not in RULES:
                 missing.append(f"{full}[]")
     assert missing == []
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from trainer.distributed.signals import _forward, rank_children
+from trainer.distributed.signals import forward_to_ranks, rank_children
 
 
 def test_only_children_running_the_trainer_are_ranks_and_get_the_signal(tmp_path):
@@ -34,7 +34,7 @@ def test_only_children_running_the_trainer_are_ranks_and_get_the_signal(tmp_path
         kids = rank_children()  # (this pytest worker may have other children of its own)
         assert rank_like.pid in kids and bystander.pid not in kids  # a child, not a rank
         time.sleep(0.5)  # the child's handler is installed
-        _forward(signal.SIGUSR1, None)
+        forward_to_ranks(signal.SIGUSR1, None)
         deadline = time.monotonic() + 10
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -78,7 +78,7 @@ class Batch:
     position_ids: torch.Tensor | None = None  # int64 [B, S]: restarting at 0 per document
 
 
-class _Skip(Exception):
+class SkipLine(Exception):
     """A line is unusable; the message is the reason shown to the user."""
 
 
@@ -94,7 +94,8 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _warn_stderr(message: str) -> None:
+def warn_stderr(message: str) -> None:
+    """The default `warn` of the loaders: a warning line on stderr."""
     print(message, file=sys.stderr)
 
 
@@ -102,20 +103,20 @@ def _messages(record: dict[str, Any]) -> list[dict[str, str]]:
     """ShareGPT turns ({role, content} or {from, value}) → chat-template messages."""
     turns = record["conversations"]
     if not isinstance(turns, list) or not turns:
-        raise _Skip("'conversations' is not a non-empty list")
+        raise SkipLine("'conversations' is not a non-empty list")
     messages = []
     for turn in turns:
         if not isinstance(turn, dict):
-            raise _Skip("a turn is not an object")
+            raise SkipLine("a turn is not an object")
         raw_role = turn.get("role", turn.get("from"))
         content = turn.get("content", turn.get("value"))
         if not isinstance(raw_role, str) or raw_role.lower() not in ROLE_ALIASES:
-            raise _Skip(f"unknown role {_shown(raw_role)}")
+            raise SkipLine(f"unknown role {_shown(raw_role)}")
         if not isinstance(content, str) or not content.strip():
-            raise _Skip("empty content")
+            raise SkipLine("empty content")
         messages.append({"role": ROLE_ALIASES[raw_role.lower()], "content": content})
     if not any(m["role"] == "assistant" for m in messages):
-        raise _Skip("no assistant turn")
+        raise SkipLine("no assistant turn")
     return messages
 
 
@@ -137,7 +138,7 @@ def _assistant_spans(text: str, messages: list[dict[str, str]]) -> list[tuple[in
             start = text.find(content, cursor)
         if start < 0:
             if m["role"] == "assistant":
-                raise _Skip("assistant content not found in the rendered chat template")
+                raise SkipLine("assistant content not found in the rendered chat template")
             continue  # a template that rewrites system/user text: keep the cursor
         cursor = start + len(content)
         if m["role"] == "assistant":
@@ -150,9 +151,9 @@ def _chat_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> 
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception as e:  # templates raise anything (role order checks, missing vars)
-        raise _Skip(f"chat template failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
+        raise SkipLine(f"chat template failed: {str(e).splitlines()[0] if str(e) else e!r}") from e
     if not isinstance(text, str):
-        raise _Skip("chat template did not render text")
+        raise SkipLine("chat template did not render text")
     spans = _assistant_spans(text, messages)
     # The template already wrote any BOS into the text, so add no specials again.
     enc = _tokenize(tokenizer, text, add_special_tokens=False, return_offsets_mapping=True)
@@ -177,7 +178,7 @@ def _chat_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> 
 def _text_sample(record: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> Sample:
     text = record["text"]
     if not isinstance(text, str) or not text.strip():
-        raise _Skip("empty text")
+        raise SkipLine("empty text")
     ids: list[int] = _tokenize(tokenizer, text)["input_ids"]
     return Sample(input_ids=ids, loss_mask=[1] * len(ids))
 
@@ -187,13 +188,13 @@ def _tokens_sample(record: dict[str, Any]) -> Sample:
     `loss_mask` of 0/1 of the same length, with at least one token trained on."""
     ids, mask = record["input_ids"], record.get("loss_mask")
     if not isinstance(ids, list) or not ids:
-        raise _Skip("'input_ids' is not a non-empty list")
+        raise SkipLine("'input_ids' is not a non-empty list")
     if not all(type(i) is int for i in ids):
-        raise _Skip("'input_ids' holds something other than integers")
+        raise SkipLine("'input_ids' holds something other than integers")
     if not isinstance(mask, list) or len(mask) != len(ids):
-        raise _Skip("'loss_mask' is not a list as long as 'input_ids'")
+        raise SkipLine("'loss_mask' is not a list as long as 'input_ids'")
     if not all(type(m) is int and m in (0, 1) for m in mask):
-        raise _Skip("'loss_mask' holds something other than 0 and 1")
+        raise SkipLine("'loss_mask' holds something other than 0 and 1")
     return Sample(input_ids=ids, loss_mask=mask)
 
 
@@ -201,7 +202,7 @@ def _tokenize(tokenizer: PreTrainedTokenizerBase, text: str, **kwargs: Any) -> A
     try:
         return tokenizer(text, **kwargs)
     except Exception as e:  # lone surrogates and the like: the tokenizer's own errors
-        raise _Skip(f"the tokenizer refused the text ({type(e).__name__})") from e
+        raise SkipLine(f"the tokenizer refused the text ({type(e).__name__})") from e
 
 
 def _decode_json(raw: bytes) -> Any:
@@ -209,15 +210,15 @@ def _decode_json(raw: bytes) -> Any:
         # Decoded here: json.loads(bytes) would guess UTF-16/32 from NUL bytes.
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise _Skip("invalid UTF-8") from None
+        raise SkipLine("invalid UTF-8") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        raise _Skip("invalid JSON") from None
+        raise SkipLine("invalid JSON") from None
     except ValueError:  # CPython refuses to convert an integer of over 4300 digits
-        raise _Skip("invalid JSON (a number too long)") from None
+        raise SkipLine("invalid JSON (a number too long)") from None
     except RecursionError:
-        raise _Skip("invalid JSON (nested too deep)") from None
+        raise SkipLine("invalid JSON (nested too deep)") from None
 
 
 def _check_ids(sample: Sample, vocab_size: int | None) -> None:
@@ -225,13 +226,15 @@ def _check_ids(sample: Sample, vocab_size: int | None) -> None:
     if vocab_size is not None:
         bad += [i for i in sample.input_ids if isinstance(i, int) and i >= vocab_size]
     if bad:
-        raise _Skip(f"token id {_shown(bad[0])} outside the target's vocabulary ({vocab_size})")
+        raise SkipLine(f"token id {_shown(bad[0])} outside the target's vocabulary ({vocab_size})")
 
 
-def _parse_line(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sample:
+def parse_sample(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sample:
+    """One JSONL line as a Sample by `fmt` (auto: by its keys); SkipLine says why not. The
+    one parser: the tokenization cache's worker processes run it too (data/tokenized.py)."""
     record = _decode_json(raw)
     if not isinstance(record, dict):
-        raise _Skip("not a JSON object")
+        raise SkipLine("not a JSON object")
     kind = fmt
     if fmt == "auto":
         if "conversations" in record:
@@ -241,17 +244,17 @@ def _parse_line(raw: bytes, tokenizer: PreTrainedTokenizerBase, fmt: str) -> Sam
         elif "input_ids" in record:
             kind = "tokens"
         else:
-            raise _Skip("no 'conversations', 'text' or 'input_ids' key")
+            raise SkipLine("no 'conversations', 'text' or 'input_ids' key")
     if kind == "tokens":
         if "input_ids" not in record:
-            raise _Skip("no 'input_ids' key (data.format = tokens)")
+            raise SkipLine("no 'input_ids' key (data.format = tokens)")
         return _tokens_sample(record)
     if kind == "sharegpt":
         if "conversations" not in record:
-            raise _Skip("no 'conversations' key (data.format = sharegpt)")
+            raise SkipLine("no 'conversations' key (data.format = sharegpt)")
         return _chat_sample(record, tokenizer)
     if "text" not in record:
-        raise _Skip("no 'text' key (data.format = text)")
+        raise SkipLine("no 'text' key (data.format = text)")
     return _text_sample(record, tokenizer)
 
 
@@ -260,7 +263,7 @@ def load_samples(
     tokenizer: PreTrainedTokenizerBase,
     fmt: str = "auto",
     max_len: int = 2048,
-    warn: Callable[[str], None] = _warn_stderr,
+    warn: Callable[[str], None] = warn_stderr,
     vocab_size: int | None = None,
     *,
     parse_line: Callable[[int, bytes], Sample] | None = None,
@@ -268,8 +271,8 @@ def load_samples(
     """Tokenize every usable line of a JSONL file; bad lines are skipped and reported.
 
     `vocab_size`: the target's embedding rows; a sample with a token id beyond is skipped.
-    `parse_line(line_no, raw)` stands in for `_parse_line` (trainer/data/tokenized.py passes the
-    results of worker processes through it); it raises `_Skip` the same way."""
+    `parse_line(line_no, raw)` stands in for `parse_sample` (trainer/data/tokenized.py passes the
+    results of worker processes through it); it raises `SkipLine` the same way."""
     if fmt not in ("auto", "sharegpt", "text"):
         raise ValueError(f"data.format: expected auto, sharegpt or text, got {fmt!r}")
     if fmt != "text" and not getattr(tokenizer, "is_fast", False):
@@ -294,16 +297,16 @@ def load_samples(
             if parse_line is not None:
                 sample = parse_line(line_no, raw)
             else:
-                sample = _parse_line(raw, tokenizer, fmt)
+                sample = parse_sample(raw, tokenizer, fmt)
             _check_ids(sample, vocab_size)
             cut = max(0, len(sample.input_ids) - max_len)
             if cut:
                 sample = Sample(sample.input_ids[:max_len], sample.loss_mask[:max_len])
             if len(sample.input_ids) < 2:
-                raise _Skip("fewer than 2 tokens")
+                raise SkipLine("fewer than 2 tokens")
             if not any(sample.loss_mask):
-                raise _Skip(f"no loss token within the first {max_len} tokens")
-        except _Skip as skip:
+                raise SkipLine(f"no loss token within the first {max_len} tokens")
+        except SkipLine as skip:
             reason = _reason(str(skip))
             reasons[reason] += 1
             if sum(reasons.values()) <= MAX_WARNINGS:

@@ -19,7 +19,7 @@ LoadReport, and the same warnings, in the same order), plus how it got them:
   cannot be written is one warning line too. Written atomically (temp file + rename); the
   newest MAX_ENTRIES files are kept.
 - **Several processes.** A cold cache is tokenized by forked worker processes, each taking
-  contiguous chunks of lines through `trainer.data.samples._parse_line`; their results go back
+  contiguous chunks of lines through `trainer.data.samples.parse_sample`; their results go back
   through `load_samples(parse_line=...)`, so skipping, truncation and the report are the
   same code as a single process, and the result is identical (tests/trainer/test_tokenized.py).
   Fork (as torch's DataLoader does on Linux): the children inherit the tokenizer and the
@@ -50,7 +50,7 @@ import numpy as np
 
 import trainer.data.samples as data_module
 from trainer.contract.heartbeat import DataInfo
-from trainer.data.samples import DataError, LoadReport, Sample, _parse_line, _Skip, load_samples
+from trainer.data.samples import DataError, LoadReport, Sample, SkipLine, load_samples, parse_sample
 from trainer.fsutil import atomic_write
 
 CODE_VERSION = 1  # bump with any change to this file's format or to what a sample holds
@@ -271,8 +271,8 @@ def _parse_range(bounds: tuple[int, int]) -> list[tuple[int, Parsed]]:
         if not raw.strip():
             continue
         try:
-            s = _parse_line(raw, tokenizer, fmt)
-        except _Skip as skip:
+            s = parse_sample(raw, tokenizer, fmt)
+        except SkipLine as skip:
             out.append((index + 1, str(skip)))
             continue
         out.append((index + 1, (array("i", s.input_ids).tobytes(), bytes(s.loss_mask))))
@@ -359,9 +359,9 @@ def tokenize(
             got = parsed.get(line_no)
             if got is None or raw != raw_lines[line_no - 1]:
                 unchanged = False  # the file changed since it was read: parse what is there
-                return _parse_line(raw, tokenizer, fmt)
+                return parse_sample(raw, tokenizer, fmt)
             if isinstance(got, str):
-                raise _Skip(got)
+                raise SkipLine(got)
             ids = array("i")
             ids.frombytes(got[0])
             return Sample(ids.tolist(), list(got[1]))
@@ -376,7 +376,7 @@ def tokenize(
             done += 1
             if done % 64 == 0:
                 progress(done)
-            return _parse_line(raw, tokenizer, fmt)
+            return parse_sample(raw, tokenizer, fmt)
 
     samples, report = load_samples(
         path, tokenizer, fmt, max_len, warn, vocab_size, parse_line=parse_line
@@ -413,7 +413,7 @@ def load_tokenized(
     tokenizer: Any,
     fmt: str = "auto",
     max_len: int = 2048,
-    warn: Callable[[str], None] = data_module._warn_stderr,
+    warn: Callable[[str], None] = data_module.warn_stderr,
     *,
     cache_root: Path | None = None,
     use_cache: bool = True,

@@ -40,7 +40,8 @@ def rank_children() -> list[int]:
     return ranks
 
 
-def _forward(signum: int, _frame: FrameType | None) -> None:
+def forward_to_ranks(signum: int, _frame: FrameType | None) -> None:
+    """The signal handler: `signum` passed on to each child running the trainer."""
     for kid in rank_children():
         with contextlib.suppress(ProcessLookupError):  # ended between listing and signal
             os.kill(kid, signum)
@@ -48,4 +49,4 @@ def _forward(signum: int, _frame: FrameType | None) -> None:
 
 def install_forwarding() -> None:
     for sig in FORWARDED:
-        signal.signal(sig, _forward)
+        signal.signal(sig, forward_to_ranks)

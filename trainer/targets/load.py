@@ -267,13 +267,15 @@ def read_target_info(path: Path) -> TargetInfo:
     unsupported architecture or lacking a field is bad input: a one-line ValueError."""
     c = text_config(path)
     try:
-        return _target_info(c)
+        return target_info_of(c)
     except Exception as e:  # a field missing or of the wrong type
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ValueError(f"target.path: {str(path)!r}: cannot read its config ({why})") from None
 
 
-def _target_info(c: Any) -> TargetInfo:
+def target_info_of(c: Any) -> TargetInfo:
+    """The shape of a (text) config object; read_target_info reads one from a folder, the
+    scaling model builds one in memory (bench/scaling.py)."""
     layer_types = getattr(c, "layer_types", None) or []
     hybrid = any(t != "full_attention" for t in layer_types)
     return TargetInfo(

@@ -1,4 +1,4 @@
-"""What every one-shot command shares, one host's (cli.py) and a group's hosts' (groups.py):
+"""What every one-shot command shares, one host's and a group's hosts' (commands/groups.py):
 its lines out and its one fresh link.
 
 What the commands print quotes the host (run ids, paths, the agent's errors and notes): one

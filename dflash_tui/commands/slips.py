@@ -62,3 +62,16 @@ def slip_for(
     if looks_like_host(word, configured, ssh_aliases() if aliases is None else aliases):
         return None
     return close[0]
+
+
+def slip(word: str, commands: Iterable[str]) -> str | None:
+    """`slip_for` against the hosts the user configured (config.toml's targets and groups);
+    a config.toml that cannot be read names none here (the target's own resolution says what
+    is wrong with it)."""
+    from dflash_tui.targets import TargetError, group_names, load_user_targets
+
+    try:
+        configured = list(load_user_targets()) + group_names()
+    except TargetError:
+        configured = []
+    return slip_for(word, commands, configured)

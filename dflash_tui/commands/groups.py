@@ -1,6 +1,6 @@
 """One processes-mode job over the hosts of a config.toml group (`[groups.NAME]`,
 targets.py): `launch`, `kill`, `restart`, `status` and `dump-stacks` of GROUP act on every
-host at once, each through its own link (the one-host command path: cli_io.with_link,
+host at once, each through its own link (the one-host command path: oneshot.with_link,
 control.py), node i on hosts[i].
 
 Every node of the job has a run dir of the same id under its own host's run root: the monitor
@@ -9,7 +9,7 @@ picks the id once (`nodes.new_run_id`, the agent's rule) and sends each host its
 on one host stops the nodes launched on the others (their ranks would wait for a peer that
 never comes). Kills go through each host's agent, which signals only what it proves is the
 run (agent/identity.py). Each line names the group, the host and its node; every string from
-a host is sanitised before the terminal (cli_io.out, cli_io.err, sanitize.lines).
+a host is sanitised before the terminal (oneshot.out, oneshot.err, sanitize.lines).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from dflash_tui import cli_io, control, sanitize
+from dflash_tui import control, sanitize
+from dflash_tui.commands import oneshot
 from dflash_tui.control import ControlError
 from dflash_tui.headless import EXIT_UNREACHABLE, Headless
 from dflash_tui.targets import Group, Target, TargetError, resolve_target
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from dflash_tui.link.link import Link
     from dflash_tui.state import Store
 
-COMMANDS = ("launch", "kill", "restart", "status", "dump-stacks")
 # A group's hosts are configured in config.toml, each its own: one value for all is refused.
 PER_HOST = ("run_root", "remote_dir", "pct", "exec_prefix", "python", "identity", "known_hosts")
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-(.+)-[0-9a-f]{4}$")  # nodes.new_run_id's shape
@@ -49,17 +49,17 @@ class Node:
         self.head = f"{group.name}: {target.name} node {rank}"
 
     def out(self, text: str) -> None:
-        cli_io.out(f"{self.head} {text}")
+        oneshot.out(f"{self.head} {text}")
 
     def err(self, text: str) -> None:
-        cli_io.err(f"{self.head}: {text}")
+        oneshot.err(f"{self.head}: {text}")
 
     def progress(self, event: Progress) -> None:
         print(f"  … {sanitize.field(f'{self.target.name}: {event.message}')}", file=sys.stderr)
 
 
 def nodes_of(group: Group, args: argparse.Namespace) -> list[Node]:
-    """Each host as its config.toml target, its ssh config checked (cli.target_from)."""
+    """Each host as its config.toml target, its ssh config checked (options.target_from)."""
     from dflash_tui.link.hostkeys import host_key_policy
 
     given = [k for k in PER_HOST if getattr(args, k, None) is not None]
@@ -83,7 +83,7 @@ def place(group: Group, node: Node, run_id: str) -> NodePlace:
     )
 
 
-async def on_host(node: Node, work: cli_io.Work, args: argparse.Namespace) -> int:
+async def on_host(node: Node, work: oneshot.Work, args: argparse.Namespace) -> int:
     """`work` over the host's own one-shot link; a ControlError is its answer (exit 2)."""
 
     async def guarded(link: Link, store: Store) -> int:
@@ -93,8 +93,8 @@ async def on_host(node: Node, work: cli_io.Work, args: argparse.Namespace) -> in
             node.err(str(e))
             return 2
 
-    return await cli_io.with_link(
-        node.target, guarded, connect_timeout=cli_io.connect_timeout(args), err=node.err
+    return await oneshot.with_link(
+        node.target, guarded, connect_timeout=oneshot.connect_timeout(args), err=node.err
     )
 
 
@@ -147,7 +147,7 @@ async def launch(group: Group, nodes: list[Node], args: argparse.Namespace) -> i
     stopped = await asyncio.gather(*(_stop(n, run_id, args, quiet=n in failed) for n in nodes))
     named = ", ".join(n.target.name for n in failed)
     was = [n.target.name for n, s in zip(nodes, stopped, strict=True) if s]
-    cli_io.err(
+    oneshot.err(
         f"{group.name}: launch of {run_id} failed on {named}; "
         + (f"stopped the nodes launched on {', '.join(was)}" if was else "nothing left running")
     )
@@ -169,7 +169,9 @@ async def _stop(node: Node, run_id: str, args: argparse.Namespace, quiet: bool) 
         return 0
 
     err = (lambda _text: None) if quiet else node.err
-    await cli_io.with_link(node.target, work, connect_timeout=cli_io.connect_timeout(args), err=err)
+    await oneshot.with_link(
+        node.target, work, connect_timeout=oneshot.connect_timeout(args), err=err
+    )
     return bool(stopped)
 
 
@@ -201,7 +203,7 @@ async def kill(group: Group, nodes: list[Node], args: argparse.Namespace) -> int
 
     codes = await asyncio.gather(*(one(n) for n in nodes))
     if not lived and not any(codes):
-        cli_io.err(f"{group.name}: nothing of {run_id} was alive on any host")
+        oneshot.err(f"{group.name}: nothing of {run_id} was alive on any host")
         return 1
     return max(codes)
 
@@ -237,7 +239,7 @@ async def restart(group: Group, nodes: list[Node], args: argparse.Namespace) -> 
     if not failed:
         return 0
     await asyncio.gather(*(_stop(n, new, args, quiet=n in failed) for n in nodes))
-    cli_io.err(
+    oneshot.err(
         f"{group.name}: restart of {old} as {new} failed on "
         f"{', '.join(n.target.name for n in failed)}; its new nodes stopped"
     )
@@ -285,7 +287,7 @@ async def status(group: Group, nodes: list[Node], args: argparse.Namespace) -> i
         out = io.StringIO()  # its lines, printed in node order once all have answered
         code = await Headless(
             node.target, out=out, as_json=args.json, once=True, follow=run_id,
-            connect_timeout=cli_io.connect_timeout(args),
+            connect_timeout=oneshot.connect_timeout(args),
         ).run()  # fmt: skip
         return code, out.getvalue()
 
@@ -320,14 +322,5 @@ async def run(name: str, group: Group, args: argparse.Namespace) -> int:
     try:
         return await RUNNERS[name](group, nodes, args)
     except ControlError as e:  # a bad --config or --set, before anything was sent
-        cli_io.err(str(e))
+        oneshot.err(str(e))
         return 2
-
-
-def group_named(text: str | None) -> Group | None:
-    """The config's group of that name (every group checked: a bad one is a TargetError)."""
-    from dflash_tui.targets import load_groups
-
-    if not text:
-        return None
-    return load_groups().get(text)

@@ -1,0 +1,213 @@
+"""The one-shot commands that act on one host: deploy, pull-cache, launch, kill, restart,
+dump-stacks, export, clear-cache. Each runs over one fresh link (oneshot.with_link: a host
+it cannot reach is the answer, exit 3); a ControlError is bad input, exit 2. Launch, kill,
+restart and dump-stacks of a config.toml group act on its every host (commands/groups.py).
+
+The work itself is control.py's, the TUI's path too: both send the same commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_tui import sanitize
+from dflash_tui.commands import oneshot
+from dflash_tui.commands.options import (
+    GROUP_COMMANDS,
+    add_target,
+    add_where,
+    group_named,
+    target_from,
+)
+from dflash_tui.commands.subcommand import Subcommand
+from dflash_tui.targets import Target
+from trainer.contract.protocol import Kill
+
+if TYPE_CHECKING:
+    from dflash_tui.link.link import Link
+    from dflash_tui.state import Store
+
+SUMMARIES = {
+    "deploy": "ship trainer/ and the agent to the host, record the code's sha256",
+    "launch": "start a run in a fresh run dir (refused while one is alive)",
+    "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
+    "restart": "kill, wait for memory to drain, launch the same config again, continuing "
+    "from the run's newest good checkpoint (--fresh: from step 0)",
+    "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
+    "clear-cache": "delete the compile cache (refused while a run is alive)",
+    "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
+    "the host's GPU runs saved, for deploy to ship",
+    "export": "write the run's drafter (newest good checkpoint, or --step) as SpecForge and "
+    "SGLang load it, into <remote-dir>/exports/ on the host",
+}
+
+
+def add_options(p: argparse.ArgumentParser, name: str) -> None:
+    add_target(p, group=name in GROUP_COMMANDS)
+    add_where(p)
+    if name == "launch":
+        p.add_argument("--config", required=True, type=Path, help="TOML config (local file)")
+        add_overrides(p)
+    if name in ("kill", "restart"):
+        defaults = Kill()  # the contract's defaults, as the TUI sends them
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help=f"seconds between SIGTERM and SIGKILL (default {defaults.timeout_s:.0f})",
+        )
+        p.add_argument(
+            "--drain-timeout",
+            type=float,
+            default=None,
+            help=f"seconds to wait for GPU memory release (default {defaults.drain_timeout_s:.0f})",
+        )
+    if name in ("kill", "restart", "dump-stacks"):
+        p.add_argument("--run", dest="run_id", help="run id (default: the alive run)")
+    if name == "export":
+        p.add_argument(
+            "--run", dest="run_id", help="run id (default: the alive run, else the latest)"
+        )
+        p.add_argument("--step", type=int, help="this checkpoint (default: the newest good one)")
+        p.add_argument(
+            "--dtype",
+            choices=("bfloat16", "float32"),
+            default="bfloat16",
+            help="(default bfloat16)",
+        )
+    if name == "restart":
+        p.add_argument(
+            "--fresh",
+            action="store_true",
+            help="start from step 0 instead of the newest good checkpoint",
+        )
+    if name == "dump-stacks":
+        p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
+    if name == "deploy":
+        p.add_argument(
+            "--no-compile-cache",
+            action="store_true",
+            help="do not ship the compile-cache artifacts pulled with pull-cache",
+        )
+
+
+def add_overrides(p: argparse.ArgumentParser) -> None:
+    """--set KEY=VALUE: launch's and the demo's."""
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override (repeatable)",
+    )
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    if name in GROUP_COMMANDS:
+        group = group_named(args.target)
+        if group is not None:
+            from dflash_tui.commands import groups
+
+            return asyncio.run(groups.run(name, group, args))
+    target = target_from(args, args.target)
+    return asyncio.run(over_link(target, args, work(name, args)))
+
+
+async def over_link(target: Target, args: argparse.Namespace, job: oneshot.Work) -> int:
+    """`job` over one fresh link to `target`; a ControlError is bad input: exit 2."""
+    from dflash_tui.control import ControlError
+
+    try:
+        return await oneshot.with_link(target, job, connect_timeout=oneshot.connect_timeout(args))
+    except ControlError as e:
+        oneshot.err(str(e))
+        return 2
+
+
+def work(name: str, args: argparse.Namespace) -> oneshot.Work:
+    """What subcommand `name` does over a connected link (tests call it with a fake link)."""
+    from dflash_tui import control
+
+    async def job(link: Link, store: Store) -> int:
+        if name == "deploy":
+            d = await control.deploy(link, oneshot.progress, not args.no_compile_cache)
+            oneshot.out(
+                f"deployed {d['files']} files, code sha256 {d['sha256'][:16]}… -> {d['release']}"
+            )
+            for shipped in d["artifacts"]:
+                oneshot.out(f"shipped compile-cache artifacts {shipped}: a fresh host starts warm")
+        elif name == "pull-cache":
+            pulled = await control.pull_artifacts(link)
+            for path, size in pulled:
+                oneshot.out(f"pulled {path.name} ({size / 1e6:.1f} MB) into {path.parent}")
+            if not pulled:
+                oneshot.out(
+                    "no compile-cache artifacts on the host yet "
+                    "(a GPU run saves them after its warm-up)"
+                )
+        elif name == "launch":
+            run = await control.launch(link, args.config, args.overrides, oneshot.progress)
+            oneshot.out(
+                f"launched {run.run_id} in {run.run_dir}"
+                + ("" if run.started else f" ({run.note})")
+            )
+        elif name == "kill":
+            k = await control.kill(
+                link, args.run_id, args.timeout, args.drain_timeout, oneshot.progress
+            )
+            drain = (
+                "n/a (no GPU)"
+                if k.drain_s is None and not k.gpu_held_by
+                else f"{k.drain_s:.1f}s"
+                if k.drain_s is not None
+                else f"still held by pids {k.gpu_held_by}"
+            )
+            oneshot.out(
+                f"{k.run_id} {k.describe()}; {k.stop_s:.1f}s; GPU memory "
+                f"released: {drain}; orphans: {k.orphans or 'none'}"
+            )
+            return 0 if not k.orphans and not k.gpu_held_by else 1
+        elif name == "restart":
+            r = await control.restart(
+                link, args.run_id, args.timeout, args.drain_timeout, oneshot.progress, args.fresh
+            )
+            if r.killed is not None:
+                oneshot.out(f"{r.killed.run_id} {r.killed.describe()}")
+            oneshot.out(r.describe())
+        elif name == "dump-stacks":
+            st = await control.dump_stacks(link, not args.no_pyspy, args.run_id)
+            print(sanitize.lines(st.text))
+            if st.pyspy:
+                print("# py-spy dump --native\n" + sanitize.lines(st.pyspy))
+            if st.seconds is not None:
+                print(f"# {st.kind} dump of pid {st.pid}, {st.seconds:.2f}s after the signal")
+        elif name == "export":
+            e = await control.export(link, args.run_id, args.step, args.dtype)
+            oneshot.out(e.said or f"exported {e.run_id} step {e.step}")
+            oneshot.out(f"on the host: {e.out}")
+        elif name == "clear-cache":
+            c = await control.clear_cache(link)
+            oneshot.out(
+                f"removed {c.path} ({c.bytes / 1e6:.1f} MB)"
+                if c.existed
+                else f"no compile cache at {c.path}"
+            )
+        return 0
+
+    return job
+
+
+def subcommand(name: str) -> Subcommand:
+    return Subcommand(
+        name,
+        SUMMARIES[name],
+        add_options=lambda p: add_options(p, name),
+        run=lambda args: run(name, args),
+    )
+
+
+SUBCOMMANDS = tuple(subcommand(name) for name in SUMMARIES)

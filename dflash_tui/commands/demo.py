@@ -1,0 +1,96 @@
+"""`dflash-tui demo`: deploy the trainer locally, launch the bundled tiny CPU config and watch
+it as the plain command watches (the TUI, or headless until the run ends)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_tui import sanitize
+from dflash_tui.commands import oneshot
+from dflash_tui.commands.actions import add_overrides
+from dflash_tui.commands.options import add_headless, add_notify, add_theme, add_where
+from dflash_tui.commands.subcommand import Subcommand
+from dflash_tui.commands.watch import monitor
+from dflash_tui.targets import Target, resolve_target
+
+if TYPE_CHECKING:
+    from dflash_tui.link.link import Link
+    from dflash_tui.state import Store
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    # local, watched as the plain command watches (TUI or headless)
+    add_where(p, remote=False)
+    add_headless(p, once=False)
+    add_notify(p)
+    add_theme(p)
+    add_overrides(p)
+
+
+def demo_target(args: argparse.Namespace) -> Target:
+    """The local host, the demo's own remote dir (under XDG_STATE_HOME) unless given."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    remote = args.remote_dir or str(Path(base) / "dflash-tui" / "demo")
+    return resolve_target(
+        "local", run_root=args.run_root, remote_dir=remote, python=args.python or sys.executable
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(demo(args))
+
+
+async def demo(args: argparse.Namespace) -> int:
+    from dflash_tui import control
+    from dflash_tui.control import TRAINER_DIR
+
+    target = demo_target(args)
+    print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
+    launched: list[str] = []
+
+    async def work(link: Link, store: Store) -> int:
+        r = await control.deploy(link)
+        print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
+        try:
+            run = await control.launch(
+                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, oneshot.progress
+            )
+            print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
+            launched.append(run.run_id)
+        except Exception as e:
+            if "is alive" not in str(e):
+                raise
+            print("demo: a demo run is already alive; monitoring it", file=sys.stderr)
+        return 0
+
+    code = await oneshot.with_link(target, work)
+    if code != 0:
+        return code
+    args.once = False
+    # Headless, the demo is over when its run is: the outcome line, and 0 only if it finished.
+    follow = launched[0] if launched else "latest"
+    headless = args.headless or args.json
+    code = await monitor(args, target, follow=follow, until_end=headless)
+    if headless:
+        return code
+    print(
+        "demo: the run goes on until it finishes; stop it with: dflash-tui kill local "
+        f"--remote-dir {target.remote_dir}",
+        file=sys.stderr,
+    )
+    return code
+
+
+SUBCOMMANDS = (
+    Subcommand(
+        "demo",
+        "train the bundled tiny CPU drafter locally and monitor it live",
+        add_options,
+        run,
+    ),
+)
