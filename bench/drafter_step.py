@@ -121,7 +121,7 @@ def drafter_step(
 def fresh_compiles() -> None:
     """Forget compiled graphs, so the next variant compiles with its own options."""
     torch._dynamo.reset()
-    attention._compiled_flex = None
+    attention.forget_compiled_flex()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 

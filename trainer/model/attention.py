@@ -106,6 +106,13 @@ def compiled_flex_attention() -> Any:
     return _compiled_flex
 
 
+def forget_compiled_flex() -> None:
+    """Drop the compiled flex_attention, so the next call compiles anew (with new
+    `FLEX_KERNEL_OPTIONS`, after `torch._dynamo.reset()`: bench/drafter_step.py)."""
+    global _compiled_flex
+    _compiled_flex = None
+
+
 FLEX_TILE = 128  # flex_attention's default query and key tile
 
 # flex_attention's Triton kernel options for the drafter's mask; None = torch's own
