@@ -333,7 +333,9 @@ def _coerce(key: str, value: Any, annotation: Any, rule_key: str | None = None) 
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise bad_value(key, value, "expected a string")
+            choices = _CHOICES.get(key)  # `eval.cuda_graphs=true` is read as a TOML bool
+            rule = f"expected one of {', '.join(choices)}" if choices else "expected a string"
+            raise bad_value(key, value, rule)
         if "\0" in value or _has_surrogate(value):
             raise bad_value(key, value, "must be text without NUL bytes or lone surrogates")
         choices = _CHOICES.get(key)
