@@ -1,7 +1,7 @@
 """CUDA graphs in the heartbeat: where the trainer captures them, whether they work.
 
 Operators asked more than once whether CUDA graphs were working. `Heartbeat.graphs` (optional
-under schema 2: {} from older trainers, and from a run that captures none) answers per place
+under schema 2: {} from older trainers and from runs without such a place) answers per place
 the trainer captures graphs (now: `eval`, the held-out eval's decode step,
 trainer/evaluation/graphs.py): whether they are in use, or why not; how many were captured
 and replayed; and each capture that failed, with its reason. A failed capture never stops

@@ -275,8 +275,8 @@ class Heartbeat:
     # A processes-mode job that failed: the rank found failed first (its heartbeat-rank{R}.json
     # says why); None: nothing failed, a threads-mode run, or an older trainer.
     failed_rank: int | None = None
-    # {place: its CUDA graphs} ("eval": the held-out eval's decode step); empty: none
-    # captured there (a CPU run, graphs off), or an older trainer.
+    # {place: its CUDA graphs} ("eval": the held-out eval's decode step, in use or why not);
+    # empty: the run has no such place (it evaluates nothing), or an older trainer.
     graphs: dict[str, GraphInfo] = dataclasses.field(default_factory=dict)
 
     @property
