@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_drafter import arch_over
 from transformers import AutoModelForCausalLM
 
 from trainer.evaluation.batched import BatchedDecoder, DrafterBlocks
 from trainer.evaluation.decoding import HeldOutDecode
 from trainer.evaluation.speculative import drafter_proposer, speculative_decode, target_pass
-from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.model.drafter import DFlashDrafter
 from trainer.targets.load import default_target_layer_ids, read_target_info
 
 BS = 6
@@ -37,13 +38,7 @@ def qwen3(tiny_target_dir):
 def make_drafter(model, layer_ids, info, seed=0):
     """A drafter whose weights are large enough that its proposals depend on the context and
     the positions (the 0.02 init proposes nearly the same token everywhere)."""
-    arch = DrafterArch(
-        hidden_size=info.hidden_size, num_layers=2, num_heads=info.num_heads,
-        num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-        rms_norm_eps=info.rms_norm_eps, rope_theta=info.rope_theta, block_size=BS,
-        mask_token_id=info.vocab_size - 1, target_layer_ids=tuple(layer_ids),
-    )  # fmt: skip
+    arch = arch_over(info, layer_ids, BS, info.vocab_size - 1)
     embed = model.get_input_embeddings().weight
     drafter = DFlashDrafter(arch, embed, model.get_output_embeddings().weight).eval()
     reseed(drafter, seed)
