@@ -161,6 +161,10 @@ class EvalConfig:
     new_tokens: int = 64  # tokens decoded per prompt
     prompt_len: int = 512  # a prompt's last tokens before its answer, at most
     final: bool = True  # also evaluate the last step's drafter of a run that finishes
+    # The decode step captured as a CUDA graph and replayed (trainer/evaluation/graphs.py):
+    # "auto" (on a CUDA device), "on" (refused on a CPU), "off" (eager: the fallback when a
+    # capture fails, kept for comparison). Hybrid targets decode eagerly one prompt at a time.
+    cuda_graphs: str = "auto"
 
 
 @dataclass
@@ -188,6 +192,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
+    "eval.cuda_graphs": ("auto", "on", "off"),
 }
 # Device lists accept bare GPU indices (targets = [0, 1, 2]) as TOML ints.
 _DEVICE_KEYS = ("runtime.targets", "runtime.drafters")
@@ -328,7 +333,9 @@ def _coerce(key: str, value: Any, annotation: Any, rule_key: str | None = None) 
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise bad_value(key, value, "expected a string")
+            choices = _CHOICES.get(key)  # `eval.cuda_graphs=true` is read as a TOML bool
+            rule = f"expected one of {', '.join(choices)}" if choices else "expected a string"
+            raise bad_value(key, value, rule)
         if "\0" in value or _has_surrogate(value):
             raise bad_value(key, value, "must be text without NUL bytes or lone surrogates")
         choices = _CHOICES.get(key)

@@ -150,6 +150,19 @@ CASES: list[tuple[str, Any, list[str]]] = [
         ["target.packed_attention: 'varlen': varlen attention needs CUDA"],
     ),
     (
+        "cuda-graphs-choice",
+        ["--set", "eval.cuda_graphs=true"],
+        ["config: eval.cuda_graphs = true: expected one of auto, on, off"],
+    ),
+    (
+        "cuda-graphs-on-cpu",
+        ["--set", "eval.cuda_graphs=on"],
+        [
+            'config: eval.cuda_graphs = "on": CUDA graphs need a CUDA device (the eval runs on'
+            " cpu); use 'auto' or 'off'"
+        ],
+    ),
+    (
         "compile-cache-on-a-file",
         lambda t: ["--set", f"runtime.compile_cache_dir={json.dumps(_file(t))}"],
         ["runtime.compile_cache_dir", "taken", "cannot create the folder"],

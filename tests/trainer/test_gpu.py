@@ -255,3 +255,89 @@ def test_artifacts_one_host_saved_warm_a_fresh_ones_first_compile(tmp_path):
     )
     assert "shipped by deploy" in log and "entries" in log, log[-2000:]
     assert fresh["cache_misses"] == 0 < fresh["cache_hits"], (first, fresh)
+
+
+def _decode_parts(tiny_target_dir):
+    """The tiny Qwen3 in fp32 on the GPU, a drafter over it, prompts of different lengths."""
+    from test_batched_decode import BS, PROMPTS, make_drafter
+    from transformers import AutoModelForCausalLM
+
+    from trainer.targets.load import default_target_layer_ids, read_target_info
+
+    info = read_target_info(tiny_target_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    model = model.cuda().eval()
+    layer_ids = default_target_layer_ids(info.num_layers, 2)
+    drafter = make_drafter(model, layer_ids, info).cuda()
+    return model, layer_ids, drafter, PROMPTS, BS
+
+
+@cuda
+def test_the_batched_step_replayed_as_a_cuda_graph_decodes_as_the_reference(tiny_target_dir):
+    """Captured on the eval's own stream while another thread allocates and waits on the GPU
+    (as training's threads do): thread-local capture holds; the replays decode what the
+    per-prompt loop decodes, token for token, run after run."""
+    import threading
+
+    from trainer.contract.graphs import GraphInfo
+    from trainer.evaluation.batched import BatchedDecoder, DrafterBlocks
+    from trainer.evaluation.graphs import GraphedStep
+    from trainer.evaluation.speculative import drafter_proposer, speculative_decode
+
+    model, layer_ids, drafter, prompts, bs = _decode_parts(tiny_target_dir)
+    new = 30
+    ref = [speculative_decode(model, layer_ids, drafter_proposer(drafter), p, new, bs)
+           for p in prompts]  # fmt: skip
+    info = GraphInfo(enabled=True)
+    decoder = BatchedDecoder(
+        model, layer_ids, DrafterBlocks(drafter), prompts, new, bs,
+        graph=GraphedStep(torch.device("cuda"), info),
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def busy() -> None:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            while not stop.is_set():
+                x = torch.randn(1 << 20, device="cuda")
+                float(x.sum())  # a host wait on its own stream
+
+    other = threading.Thread(target=busy, daemon=True)
+    other.start()
+    try:
+        with torch.cuda.stream(torch.cuda.Stream(priority=-1)):
+            runs = [decoder.run(), decoder.run()]
+    finally:
+        stop.set()
+        other.join()
+    for got in runs:
+        assert got.tokens == [out for out, _ in ref]
+        assert [r.accepted for r in got.rows] == [s.accepted for _, s in ref]
+    steps = max(len(s.accepted) for _, s in ref)
+    assert (info.captured, info.failed, info.eager_runs) == (1, 0, 0), info.failures
+    assert info.replays == 2 * steps
+
+
+@cuda
+def test_a_capture_that_fails_runs_the_step_eagerly_and_says_why():
+    from trainer.contract.graphs import GraphInfo
+    from trainer.evaluation.graphs import GraphedStep
+
+    x = torch.arange(4.0, device="cuda")
+    info = GraphInfo(enabled=True)
+    logged: list[str] = []
+    step = GraphedStep(torch.device("cuda"), info, logged.append)
+
+    def syncs() -> torch.Tensor:
+        scale = float(x.sum())  # a host wait: a graph cannot hold it
+        return x * scale
+
+    step.bind(syncs)
+    for run in range(2):
+        step.new_run()
+        assert step().tolist() == [0.0, 6.0, 12.0, 18.0]
+        assert step().tolist() == [0.0, 6.0, 12.0, 18.0]  # eager for the rest of the run
+        assert (info.failed, info.eager_runs, info.captured) == (run + 1, run + 1, 0)
+    assert len(info.failures) == 2 and info.failures[0].reason
+    assert logged[0].startswith("eval: CUDA graph capture failed, this eval runs eagerly: ")
+    assert (x + 1).sum().item() == 10.0  # the device is usable after it

@@ -203,6 +203,11 @@ def test_an_eval_outlasting_its_interval_is_skipped_and_training_never_waits(tmp
     assert "skipped (the eval of step" in log
     # The copy of the weights is all an eval costs the training thread.
     assert hb.eval.snapshot_s < 1.0
+    # The tiny Qwen3 decodes as one batch; on a CPU its step is not captured, which the
+    # heartbeat says (trainer/contract/graphs.py).
+    graphs = hb.graphs["eval"]
+    assert not graphs.enabled and graphs.off_reason == "the eval runs on cpu, not a CUDA device"
+    assert graphs.captured == graphs.replays == graphs.failed == graphs.eager_runs == 0
 
 
 def test_sigterm_leaves_an_eval_under_way_and_the_run_stops_promptly(start_trainer):

@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from tiny_drafter import arch_over
 from transformers import AutoModelForCausalLM
 
 from trainer.evaluation.speculative import (
@@ -22,7 +23,7 @@ from trainer.evaluation.speculative import (
     speculative_decode,
     target_pass,
 )
-from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.model.drafter import DFlashDrafter
 from trainer.targets.load import default_target_layer_ids, read_target_info
 
 BS = 6
@@ -68,13 +69,7 @@ def brute_force_accepted(model, layer_ids, propose, ref, start, n):
 
 def test_a_real_drafter_changes_nothing_but_the_speed(target):
     model, layer_ids, info = target
-    arch = DrafterArch(
-        hidden_size=info.hidden_size, num_layers=2, num_heads=info.num_heads,
-        num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-        rms_norm_eps=info.rms_norm_eps, rope_theta=info.rope_theta, block_size=BS,
-        mask_token_id=info.vocab_size - 1, target_layer_ids=tuple(layer_ids),
-    )  # fmt: skip
+    arch = arch_over(info, layer_ids, BS, info.vocab_size - 1)
     embed = model.get_input_embeddings().weight
     drafter = DFlashDrafter(arch, embed, model.get_output_embeddings().weight).eval()
     prompt = [5, 17, 42, 7, 99, 3, 11]

@@ -15,6 +15,7 @@ describes the files and their versioning; each module here owns one part:
   comparable which earlier runs a run may be compared with
   environment the environment fingerprint and the fast-kernel preflight (config.json `run`)
   evaluation held-out τ during training: the heartbeat's `eval`, a metrics row's
+  graphs     CUDA graphs per place the trainer captures them: the heartbeat's `graphs`
   telemetry  telemetry.jsonl, the bounded heartbeat history
   protocol   the agent's events and commands, with their client timeouts
   nodes      one host's place in a job over several hosts; the one run-id naming rule

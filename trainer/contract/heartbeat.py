@@ -19,7 +19,8 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      (`CompileInfo.current`, `expected_graphs`, `last_s`); `eval`, held-out acceptance
      length during training (trainer/contract/evaluation.py); `failed_rank`, in a
      processes-mode job (runtime.mode = "processes") the rank found failed first, each
-     rank's own state in heartbeat-rank{R}.json (trainer/contract/ranks.py).
+     rank's own state in heartbeat-rank{R}.json (trainer/contract/ranks.py); `graphs`, per
+     place the trainer captures CUDA graphs, whether they work (trainer/contract/graphs.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from trainer.contract.environment import Preflight
 from trainer.contract.evaluation import EvalInfo
+from trainer.contract.graphs import GraphInfo
 from trainer.contract.phases import (
     FINAL_PHASES,
     LOADING_TARGET,
@@ -273,6 +275,9 @@ class Heartbeat:
     # A processes-mode job that failed: the rank found failed first (its heartbeat-rank{R}.json
     # says why); None: nothing failed, a threads-mode run, or an older trainer.
     failed_rank: int | None = None
+    # {place: its CUDA graphs} ("eval": the held-out eval's decode step, in use or why not);
+    # empty: the run has no such place (it evaluates nothing), or an older trainer.
+    graphs: dict[str, GraphInfo] = dataclasses.field(default_factory=dict)
 
     @property
     def process_group(self) -> int:

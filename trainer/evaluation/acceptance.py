@@ -5,7 +5,8 @@ trained on (`data.held_out`, trainer/data/held_out.py), through trainer/evaluati
 
 Each prompt is a held-out sample up to its first loss token (the conversation before the
 assistant's answer), at most `--prompt-len` tokens. The whole target verifies (its logits),
-loaded from the run's `target.path`; the drafter is the checkpoint's. The result goes to
+loaded from the run's `target.path`; the drafter is the checkpoint's. The prompts decode as
+the eval thread decodes them (trainer/evaluation/decoding.py). The result goes to
 `RUN_DIR/eval/step-N.json` (and `export` quotes it in its README). A run that held nothing
 out is evaluated on the samples the same rule would have held out, and says that it trained
 on them.
@@ -19,8 +20,8 @@ from typing import Any
 
 from trainer.config import Config
 from trainer.data.held_out import split_held_out
+from trainer.evaluation.decoding import HeldOutDecode
 from trainer.evaluation.export import ExportError, checkpoint_of, read_drafter, run_config
-from trainer.evaluation.speculative import DecodeStats, drafter_proposer, speculative_decode
 from trainer.fsutil import atomic_write_json
 from trainer.model.drafter import DFlashDrafter
 from trainer.targets.answers import Decoding, load_decoding, prompt_of
@@ -74,12 +75,10 @@ def evaluate(
     drafter = DFlashDrafter(arch, embed, model.get_output_embeddings().weight)
     drafter.load_state_dict(state, strict=False)
     drafter = drafter.to(device=dec.device, dtype=dec.dtype).eval()
-    propose = drafter_proposer(drafter)
-    layer_ids = list(arch.target_layer_ids)
-    stats = DecodeStats(arch.block_size)
-    for prompt in chosen_prompts:
-        _, one = speculative_decode(model, layer_ids, propose, prompt, new_tokens, arch.block_size)
-        stats.add(one)
+    # As the eval thread decodes (trainer/evaluation/decoding.py); graphs where the run's
+    # eval.cuda_graphs allows them on this device (a GPU run's "on" is not refused on a CPU).
+    decode = HeldOutDecode(model, drafter, chosen_prompts, new_tokens, cfg.eval.cuda_graphs)
+    stats = decode.run().total()
     run_id = saved.get("run", {}).get("run_id", run_dir.name)
     seconds = round(time.monotonic() - t0, 2)
     return write_eval(run_dir, run_id, chosen, held_out > 0, len(chosen_prompts), new_tokens,

@@ -3,7 +3,10 @@
 Every `eval.every` optimizer steps (and at the last step of a run that finishes), the
 drafter of that step decodes the held-out prompts speculatively, as a server would
 (trainer/evaluation/speculative.py): it proposes a block, the whole target verifies greedily. τ, the
-tokens per verify step, is what the drafter is worth when served.
+tokens per verify step, is what the drafter is worth when served. The prompts decode as one
+batch, its step a CUDA graph on a GPU (trainer/evaluation/decoding.py; a hybrid target's one
+at a time): the decoder is built once and kept for every eval of the run, and whether its
+graph works goes to the heartbeat (`graphs["eval"]`).
 
 The training never waits for it:
   - the drafter's weights are copied, on the training thread's own stream, into the eval
@@ -37,7 +40,7 @@ import torch
 from trainer.config import one_line
 from trainer.contract.evaluation import HISTORY, EvalInfo, EvalPoint, EvalResult
 from trainer.evaluation.acceptance import write_eval
-from trainer.evaluation.speculative import DecodeStats, drafter_proposer, speculative_decode
+from trainer.evaluation.decoding import HeldOutDecode
 from trainer.model.drafter import DFlashDrafter
 from trainer.targets.answers import prompt_of
 from trainer.targets.load import resolve_dtype
@@ -70,6 +73,7 @@ class OnlineEval:
         self.every = cfg.eval.every
         self.new_tokens = cfg.eval.new_tokens
         self.final = cfg.eval.final
+        self.cuda_graphs = cfg.eval.cuda_graphs
         self.device: torch.device = setup.target_devices[0]
         self.dtype = resolve_dtype(cfg.target.dtype, self.device)
         prompts = (prompt_of(s, cfg.eval.prompt_len) for s in setup.held_out)
@@ -183,13 +187,16 @@ class OnlineEval:
                 primary = self.setup.replicas.primary
                 drafter = DFlashDrafter(primary.arch, loaded.embed_weight, loaded.lm_head_weight)
                 drafter = drafter.to(device=self.device, dtype=self.dtype).eval()
+                decode = HeldOutDecode(
+                    model, drafter, self.prompts, self.new_tokens, self.cuda_graphs, self.log
+                )
+                self._publish_graphs(decode)
             except Exception as e:
                 with self._lock:
                     self.info.error = f"cannot build the verifying target: {one_line(str(e))}"
                     self.log(f"eval: off: {self.info.error}")
                     self._publish_locked()
                 return
-            propose = drafter_proposer(drafter)
             with self._lock:
                 self._drafter, self._busy = drafter, False
                 self._idle.notify_all()
@@ -206,7 +213,7 @@ class OnlineEval:
                 try:
                     if job.ready is not None:
                         torch.cuda.current_stream(self.device).wait_event(job.ready)
-                    result, summary = self._evaluate(model, propose, job)
+                    result, summary = self._evaluate(decode, job)
                 except _Abandoned:
                     self.log(f"eval: step {job.step} left unfinished: the run is stopping")
                 except Exception as e:
@@ -218,27 +225,20 @@ class OnlineEval:
                 finally:
                     if stream is not None:  # the next copy of the weights must not race it
                         stream.synchronize()
+                    self._publish_graphs(decode)
                     with self._lock:
                         self._job, self._busy = None, False
                         self.info.running_step = None
                         self._idle.notify_all()
                         self._publish_locked()
 
-    def _evaluate(self, model: Any, propose: Any, job: _Job) -> tuple[EvalResult, dict[str, Any]]:
+    def _evaluate(self, decode: HeldOutDecode, job: _Job) -> tuple[EvalResult, dict[str, Any]]:
         t0 = time.monotonic()
-        arch = self.setup.arch
-        layer_ids = list(arch.target_layer_ids)
-        stats = DecodeStats(arch.block_size)
-        for prompt in self.prompts:
-            if self.stop.is_set():
-                raise _Abandoned
-            _, one = speculative_decode(
-                model, layer_ids, propose, prompt, self.new_tokens, arch.block_size,
-                cancel=self.stop.is_set,
-            )  # fmt: skip
-            if self.stop.is_set():
-                raise _Abandoned
-            stats.add(one)
+        if self.stop.is_set():
+            raise _Abandoned
+        stats = decode.run(cancel=self.stop.is_set).total()
+        if self.stop.is_set():
+            raise _Abandoned
         s = stats.summary()
         result = EvalResult(
             step=job.step,
@@ -273,6 +273,9 @@ class OnlineEval:
                 f"{r.prompts} prompts × {self.new_tokens} tokens (accepted by position "
                 f"{shares} …); {r.tok_s} tok/s, {r.seconds:.1f}s{was}"
             )
+
+    def _publish_graphs(self, decode: HeldOutDecode) -> None:
+        self.state.set_graphs(ROLE, copy.deepcopy(decode.graphs))
 
     def _publish(self) -> None:
         with self._lock:

@@ -75,6 +75,33 @@ class DecodeStats:
         }
 
 
+@dataclass
+class Decoded:
+    """Several prompts decoded: each one's tokens and verify steps, and the time they took
+    together."""
+
+    block_size: int
+    tokens: list[list[int]]  # per prompt
+    rows: list[DecodeStats]  # per prompt (their `seconds` not set)
+    seconds: float
+
+    def total(self) -> DecodeStats:
+        """Every prompt's verify steps, in prompt order, as one."""
+        out = DecodeStats(self.block_size)
+        for row in self.rows:
+            out.add(row)
+        out.seconds = self.seconds
+        return out
+
+
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes its cache by: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns, and goes in 5.40); 5.17, on the H200,
+    knows only the old one."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def layer_features(hidden_states: tuple[Tensor, ...], layer_ids: list[int]) -> Tensor:
     """The drafter's context from HF's `hidden_states`: layer i's output is entry i + 1 (entry
     0 is the embeddings; the last entry is the final-normed one, as trainer/targets/load.py
@@ -133,10 +160,7 @@ class CachedTarget:
         self.length = 0  # tokens in self.cache
         self._verified: Any = None  # the cache that saw the whole block (a copy, for hybrids)
         self._block: list[int] = []
-        # transformers 5.24 renamed the argument `past_key_values` to `cache` (the old name
-        # warns, and goes in 5.40); 5.17, on the H200, knows only the old one
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
 
     def _forward(self, ids: list[int], cache: Any, **kw: Any) -> tuple[Any, Any]:
         """(the model's output, the cache it leaves)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from trainer.contract.environment import Preflight
 from trainer.contract.evaluation import EvalInfo
+from trainer.contract.graphs import GraphInfo
 from trainer.contract.heartbeat import (
     CheckpointInfo,
     CompileInfo,
@@ -68,6 +69,8 @@ class RunState:
         self.preflight: Preflight | None = None  # set once, before the target loads
         # Replaced whole by the eval thread (evaluation/online.py).
         self.eval: EvalInfo | None = None
+        # {place: its CUDA graphs}, each replaced whole by the thread that captures them.
+        self.graphs: dict[str, GraphInfo] = {}
         # Called after a phase change, outside the lock (the heartbeat writes at once).
         self.on_phase: Callable[[], None] = lambda: None
 
@@ -259,12 +262,18 @@ class RunState:
                 else None,
                 preflight=self.preflight,
                 eval=self.eval,
+                graphs=dict(self.graphs),
             )
             return beat, list(self._threads)
 
     def set_eval(self, info: EvalInfo) -> None:
         with self._lock:
             self.eval = info
+
+    def set_graphs(self, place: str, info: GraphInfo) -> None:
+        """`info`: a copy the caller no longer changes (the heartbeat thread reads it)."""
+        with self._lock:
+            self.graphs[place] = info
 
     def roles(self) -> dict[int, str]:
         """{threading ident: "role@device (state)"} for the named stack dump."""

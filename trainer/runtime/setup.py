@@ -28,6 +28,7 @@ from trainer.data.samples import (
 )
 from trainer.data.tokenized import load_tokenized
 from trainer.evaluation.export import warm_start
+from trainer.evaluation.graphs import check_cuda_graphs
 from trainer.model.attention import compiled_flex_attention, resolve_backend
 from trainer.model.blocks import default_gamma
 from trainer.model.drafter import DFlashDrafter, DrafterArch
@@ -262,6 +263,7 @@ def build_run(
     settings = loss_settings(cfg, drafter_devices[0])
     for dev in drafter_devices[1:]:
         loss_settings(cfg, dev)  # refuses flex on a CPU replica too
+    check_cuda_graphs(cfg.eval.cuda_graphs, target_devices[0])  # where the eval runs
     if run_target:  # refuses varlen where it cannot run, before anything loads
         for dev in target_devices:
             resolve_packed_attention(
