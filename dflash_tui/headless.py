@@ -75,7 +75,15 @@ import time
 from dataclasses import asdict
 from typing import TextIO
 
-from dflash_tui import compile_progress, evaluation, host_context, ranks_view, sanitize, stages
+from dflash_tui import (
+    compile_progress,
+    cuda_graphs,
+    evaluation,
+    host_context,
+    ranks_view,
+    sanitize,
+    stages,
+)
 from dflash_tui.diagnosis import Finding, config_for, diagnose
 from dflash_tui.fmt import BARS, duration, rate
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
@@ -386,6 +394,9 @@ class Headless:
                 host = host_summary(self.store)
                 if host is not None and not self.as_json:
                     self.say(host)  # the path is the host's
+                if not self.as_json:
+                    for line in cuda_graphs.lines(self.store.heartbeat):
+                        self.say(f"CUDA graphs, {line}")  # say() sanitises the reasons
                 if not self.as_json:
                     for line in ranks_view.lines(self.store.ranks):  # processes mode
                         self.say(line)  # say() sanitises: host and error are the host's

@@ -440,6 +440,7 @@ class Store:
             "queues": encode(hb.queues) if hb else None,
             "phase_progress": encode(hb.phase_progress) if hb else None,
             "compile": encode(hb.compile) if hb else None,
+            "graphs": encode(hb.graphs) if hb else None,
             "stages": stages.to_json(rows),
             "busiest": stages.busiest_json(rows),
             "eval": encode(self.eval_info()),

@@ -43,7 +43,12 @@ from dflash_tui.diagnosis.host import (
     host_memory_short,
     host_oversubscribed,
 )
-from dflash_tui.diagnosis.kernels import environment_changed, recompiles, slow_kernels
+from dflash_tui.diagnosis.kernels import (
+    environment_changed,
+    graphs_fell_back,
+    recompiles,
+    slow_kernels,
+)
 from dflash_tui.diagnosis.liveness import (
     SLOW_VISITS,
     no_step_line_yet,
@@ -114,6 +119,7 @@ RULES: list[Rule] = [
     slow_phase,
     code_mismatch,
     recompiles,
+    graphs_fell_back,
     mostly_padding,
     allocator_retries,
     host_oversubscribed,
@@ -208,6 +214,7 @@ __all__ = [
     "gpu_ecc_errors",
     "gpu_throttled",
     "grad_norm_spike",
+    "graphs_fell_back",
     "host_memory_short",
     "host_oversubscribed",
     "loss_diverging",

@@ -1,10 +1,12 @@
-"""Rules of compiling, kernels and the environment: recompiles after warm-up, the slow torch
-fallback, an environment that differs from a faster run's."""
+"""Rules of compiling, kernels and the environment: recompiles after warm-up, CUDA graphs
+that fell back to eager, the slow torch fallback, an environment that differs from a faster
+run's."""
 
 from __future__ import annotations
 
 import statistics
 
+from dflash_tui import cuda_graphs
 from dflash_tui.diagnosis.common import (
     dur,
     live_heartbeat,
@@ -74,6 +76,49 @@ def recompiles(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
             action,
         )
     ]
+
+
+@rule(
+    Code("graphs_fell_back", ("warning",), "CUDA graph captures failed: that work runs eagerly"),
+    reads="the heartbeat's `graphs` (per place the trainer captures CUDA graphs: captures, "
+    "replays, failed captures with their reasons, runs done eagerly)",
+    decides="A fresh heartbeat in which some place has failed captures and either ran its "
+    "work eagerly since or never captured at all. The evidence quotes the last reason.",
+    thresholds=("stale_factor",),
+    action="nothing is lost (the eager path gives the same numbers, slower); the reason says "
+    'what broke the capture; set that place\'s graphs off (eval.cuda_graphs = "off") to '
+    "stop retrying, or report the reason",
+)
+def graphs_fell_back(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """A CUDA graph capture failed (another thread's allocation during a global capture, an
+    op that cannot be captured, memory): the trainer ran that work eagerly instead and says
+    so in the heartbeat. Operators asked whether graphs work: this is the answer when not."""
+    hb = live_heartbeat(s, now, cfg)
+    if hb is None:
+        return []
+    out = []
+    for place, g in cuda_graphs.places(hb):
+        if not cuda_graphs.fell_back(g):
+            continue
+        evidence = (
+            f"{place}: {g.failed} capture{'s' if g.failed != 1 else ''} failed, "
+            f"{g.eager_runs} run{'s' if g.eager_runs != 1 else ''} eagerly, "
+            f"{g.captured} captured, {g.replays} replays"
+        )
+        reason = cuda_graphs.last_reason(g)
+        if reason:
+            evidence += f"; last: {reason}"
+        out.append(
+            Finding(
+                "warning",
+                "graphs_fell_back",
+                f"CUDA graphs of the {place} fell back to eager",
+                evidence,
+                f"the {place} gives the same numbers eagerly, only slower; the reason says "
+                f'what broke the capture (set {place}.cuda_graphs = "off" to stop retrying)',
+            )
+        )
+    return out
 
 
 def _preflight(s: Store) -> Preflight | None:

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from dflash_tui import compile_progress, evaluation, offline
+from dflash_tui import compile_progress, cuda_graphs, evaluation, offline
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
 from dflash_tui.fmt import duration, rate
@@ -103,6 +103,9 @@ class HeartbeatPane(Static):
                 # Misses mean kernels were generated: a cold cache explains a slow compile.
                 line += f" · cache {comp.cache_hits} hit / {comp.cache_misses} miss"
             t.add_row("compile", line)
+        for place, g in cuda_graphs.places(hb):
+            style = "yellow" if cuda_graphs.fell_back(g) else ""
+            t.add_row("graphs", safe.text(cuda_graphs.describe(place, g), style))
         if hb.gil.samples:
             t.add_row("GIL", f"wake-up late p50 {hb.gil.p50_ms:.1f}ms p99 {hb.gil.p99_ms:.1f}ms")
         if hb.error is not None:

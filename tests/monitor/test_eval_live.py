@@ -73,6 +73,19 @@ def test_status_says_tau_and_json_carries_the_eval_exactly(evaluated):
     assert len(line) <= 120
 
 
+def test_status_says_whether_the_evals_cuda_graphs_work(evaluated):
+    """On a CPU the eval's graphs are off, and the heartbeat says why: `status --json`
+    carries it as written, and `status` says it on a line of its own (issue 30)."""
+    root, _, hb = evaluated
+    where = ["local", "--run-root", str(root)]
+    snap = json.loads(cli("status", *where, "--json").stdout.splitlines()[0])
+    assert snap["state"]["graphs"] == hb["graphs"]
+    assert hb["graphs"]["eval"]["enabled"] is False and hb["graphs"]["eval"]["off_reason"]
+    out = cli("status", *where, env=UTF8).stdout.splitlines()
+    (line,) = [ln for ln in out if ln.startswith("CUDA graphs, eval: off (")]
+    assert hb["graphs"]["eval"]["off_reason"] in line
+
+
 def test_runs_shows_the_best_tau(evaluated):
     root, run_dir, hb = evaluated
     best = decode(EvalInfo, hb["eval"]).best()
@@ -113,3 +126,5 @@ def test_the_tui_shows_the_runs_tau(evaluated, tmp_path, monkeypatch):
     (row,) = [ln for ln in text.splitlines() if "held-out" in ln]
     assert row.strip() in {f"held-out     {form}" for form in tau.forms()}, text
     assert tau.latest is not None and f"τ {tau.latest.tau:.2f}" in row
+    (graphs,) = [ln for ln in text.splitlines() if ln.strip().startswith("graphs")]
+    assert "eval: off (" in graphs, text  # the eval's CUDA graphs: off on a CPU, and why
