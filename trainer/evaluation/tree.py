@@ -301,3 +301,13 @@ def held_out_tree(
                              cancel=cancel)  # fmt: skip
         stats.add(one)
     return {"nodes": nodes, **stats.summary(), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def describe_tree(tree: dict[str, Any] | None) -> str:
+    """The tree's clause of an eval's line (held_out_tree's figures); '' without a tree."""
+    if not tree:
+        return ""
+    if tree.get("tau") is None:
+        why = tree.get("not_measured") or "no verify step ran"
+        return f"; DDTree at {tree['nodes']} nodes not measured: {why}"
+    return f"; DDTree τ {tree['tau']:.2f} at {tree['nodes']} nodes ({tree['seconds']:.1f}s)"
