@@ -157,8 +157,13 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
     rows = [row for line in lines if isinstance(row := parse_metrics_line(line), MetricsRow)]
     assert len(rows) == len(lines)
     carried = [row.eval for row in rows if row.eval is not None]
-    assert [e.step for e in carried] == [30] and carried[0].tau == online[30]["tau"]
-    assert (carried[0].tree_nodes, carried[0].tree_tau) == (16, tree[30]["tau"])
+    assert [(e.step, e.tau, e.tree_nodes, e.tree_tau) for e in carried] == [
+        (s, online[s]["tau"], 16, tree[s]["tau"])
+        for s in (30,)
+        # An eval still running at the last row (chain and tree, on a busy machine) is
+        # taken at the end, for wandb: only one that finished well before that row is owed.
+        if online[s]["at"] < rows[-1].time - 1.0
+    ]
 
     # The same drafter and prompts through `python -m trainer eval`: the whole target
     # loaded apart from training's, the checkpoint's weights: the same acceptance, token

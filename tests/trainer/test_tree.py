@@ -17,6 +17,7 @@ import random
 
 import pytest
 import torch
+from tiny_drafter import arch_for
 from transformers import AutoModelForCausalLM
 
 from trainer.evaluation.speculative import drafter_proposer, speculative_decode, target_pass
@@ -29,7 +30,7 @@ from trainer.evaluation.tree import (
     held_out_tree,
     tree_decode,
 )
-from trainer.model.drafter import DFlashDrafter, DrafterArch
+from trainer.model.drafter import DFlashDrafter
 from trainer.targets.load import default_target_layer_ids, read_target_info
 
 BS = 6
@@ -60,14 +61,9 @@ def target(tiny_target_dir):
 
 
 def drafter_for(model, layer_ids, info, seed=0):
+    """A drafter at its own init (seeded): what training starts from."""
     torch.manual_seed(seed)
-    arch = DrafterArch(
-        hidden_size=info.hidden_size, num_layers=2, num_heads=info.num_heads,
-        num_kv_heads=info.num_kv_heads, head_dim=info.head_dim,
-        intermediate_size=info.intermediate_size, vocab_size=info.vocab_size,
-        rms_norm_eps=info.rms_norm_eps, rope_theta=info.rope_theta, block_size=BS,
-        mask_token_id=info.vocab_size - 1, target_layer_ids=tuple(layer_ids),
-    )  # fmt: skip
+    arch = arch_for(info, layer_ids, info.vocab_size - 1, BS)
     embed = model.get_input_embeddings().weight
     return DFlashDrafter(arch, embed, model.get_output_embeddings().weight).eval()
 
