@@ -165,6 +165,10 @@ class EvalConfig:
     # "auto" (on a CUDA device), "on" (refused on a CPU), "off" (eager: the fallback when a
     # capture fails, kept for comparison). Hybrid targets decode eagerly one prompt at a time.
     cuda_graphs: str = "auto"
+    # DDTree beside the chain: the same prompts decoded again with a draft tree of this many
+    # nodes per verify step (trainer/evaluation/tree.py), its τ reported beside the chain's.
+    # 0 = off. A hybrid (Gated DeltaNet) target reports it as not measured.
+    tree_nodes: int = 0
 
 
 @dataclass
@@ -239,6 +243,8 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "eval.prompts": (lambda v: v >= 1, _POSITIVE_INT),
     "eval.new_tokens": (lambda v: 2 <= v <= 100_000, "must be an integer in [2, 100000]"),
     "eval.prompt_len": (lambda v: v >= 1, _POSITIVE_INT),
+    # the tree is one forward of tree_nodes + 1 tokens: beyond a few thousand it is a prefill
+    "eval.tree_nodes": (lambda v: 0 <= v <= 4096, "must be 0 (off) or a node budget up to 4096"),
     "runtime.prefetch_threads": (
         lambda v: 0 <= v <= 64,
         "must be 0 (one per target) to 64",

@@ -165,10 +165,10 @@ def test_json_carries_the_heartbeats_eval_exactly(tmp_path):
     assert snap["state"]["eval"] == encode(ev)
     assert decode(EvalInfo, snap["state"]["eval"]) == ev
     assert snap["tau"] == {
-        "latest": {"step": 2000, "tau": 2.38, "train_acc": 0.44},
+        "latest": {"step": 2000, "tau": 2.38, "train_acc": 0.44, "tree_tau": None},
         "delta": pytest.approx(-0.12),
         "trend": "down",
-        "best": {"step": 1500, "tau": 2.5, "train_acc": 0.42},
+        "best": {"step": 1500, "tau": 2.5, "train_acc": 0.42, "tree_tau": None},
         "earlier": None,
         "evals": 4,
         "running_step": None,

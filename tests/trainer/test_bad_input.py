@@ -137,6 +137,8 @@ CASES: list[tuple[str, Any, list[str]]] = [
     ("min_lr_ratio", ["--set", "train.min_lr_ratio=1.5"], ["min_lr_ratio = 1.5: must be in"]),
     ("beta", ["--set", "train.betas=[0.9, 1.5]"], ["train.betas[1] = 1.5: must be in [0, 1)"]),
     ("seed-huge", ["--set", "train.seed=18446744073709551616"], ["must fit in a 64-bit"]),
+    ("tree-nodes", ["--set", "eval.tree_nodes=-1"], ["config: eval.tree_nodes = -1: must be 0"]),
+    ("tree-nodes-huge", ["--set", "eval.tree_nodes=5000"], ["eval.tree_nodes = 5000: must be"]),
     ("unknown-key", ["--set", "train.lrr=1"], ["train.lrr = 1: unknown key (did you mean"]),
     ("max-steps-word", ["--max-steps", "abc"], ["--max-steps", "'abc'"]),
     (

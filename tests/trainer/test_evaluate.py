@@ -59,6 +59,17 @@ def test_eval_decodes_a_held_out_split_and_export_quotes_it(tmp_path):
     # tokens per verify step: every step produces the accepted drafts and the bonus token
     assert record["verify_steps"] <= 57
 
+    # DDTree beside the chain: the same prompts, a tree of 8 nodes per verify step.
+    e = trainer("eval", str(run), "--prompts", "3", "--new-tokens", "20", "--tree-nodes", "8")
+    assert e.returncode == 0, e.stderr
+    assert "; DDTree τ " in e.stdout and " at 8 nodes (" in e.stdout, e.stdout
+    tree = json.loads((run / "eval" / "step-00000010.json").read_text())["tree"]
+    assert tree["nodes"] == 8 and tree["tokens"] == 60 and 1.0 <= tree["tau"] <= 16
+    assert len(tree["per_position"]) == 15 and tree["seconds"] > 0
+    refused = trainer("eval", str(run), "--tree-nodes", "5000")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "eval.tree_nodes = 5000: must be 0 (off) or a node budget" in refused.stderr
+
     out = tmp_path / "drafter"
     assert trainer("export", str(run), "--out", str(out)).returncode == 0
     assert f"**{record['tau']:.2f}** of 16 on held-out samples" in (out / "README.md").read_text()

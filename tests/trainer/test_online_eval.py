@@ -127,7 +127,7 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
     r = run_trainer(
         "--config", str(TINY), "--run-root", str(root), "--max-steps", "60",
         *CHAT, "--set", "data.held_out=16", "--set", "eval.every=30",
-        "--set", "eval.prompts=3", "--set", "eval.new_tokens=24",
+        "--set", "eval.prompts=3", "--set", "eval.new_tokens=24", "--set", "eval.tree_nodes=16",
         "--set", "train.checkpoint_every=30", timeout=400,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -136,19 +136,34 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
     online = {s: json.loads((run / "eval" / f"step-{s:08d}.json").read_text()) for s in (30, 60)}
     assert f"eval: step 30: held-out τ {online[30]['tau']:.2f} of 16 over 3 prompts" in log
     assert all(e["during_training"] and e["prompts"] == 3 for e in online.values())
+    # DDTree beside the chain, on the same prompts: in the log, the heartbeat, the metrics.
+    tree = {s: online[s]["tree"] for s in (30, 60)}
+    assert all(
+        t["nodes"] == 16 and t["tokens"] == 3 * 24 and t["tau"] >= 1.0 for t in tree.values()
+    )
+    assert f"; DDTree τ {tree[30]['tau']:.2f} at 16 nodes (" in log
 
     hb = read_heartbeat(run / "heartbeat.json")
     assert isinstance(hb, Heartbeat) and hb.eval is not None
     assert [(p.step, p.tau) for p in hb.eval.history] == [(s, online[s]["tau"]) for s in (30, 60)]
     assert hb.eval.skipped == 0 and hb.eval.error is None and hb.eval.running_step is None
     assert hb.eval.held_out == 16 and hb.eval.every == 30
+    assert hb.eval.tree_nodes == 16 and hb.eval.last is not None
+    assert [p.tree_tau for p in hb.eval.history] == [tree[s]["tau"] for s in (30, 60)]
+    assert hb.eval.last.tree_seconds == tree[60]["seconds"] and not hb.eval.last.tree_not_measured
     assert all(p.train_acc is not None and 0 < p.train_acc < 1 for p in hb.eval.history)
     # The row after an eval finished carries it; the last step's comes after the last row.
     lines = (run / "metrics.jsonl").read_text().splitlines()
     rows = [row for line in lines if isinstance(row := parse_metrics_line(line), MetricsRow)]
     assert len(rows) == len(lines)
     carried = [row.eval for row in rows if row.eval is not None]
-    assert [e.step for e in carried] == [30] and carried[0].tau == online[30]["tau"]
+    assert [(e.step, e.tau, e.tree_nodes, e.tree_tau) for e in carried] == [
+        (s, online[s]["tau"], 16, tree[s]["tau"])
+        for s in (30,)
+        # An eval still running at the last row (chain and tree, on a busy machine) is
+        # taken at the end, for wandb: only one that finished well before that row is owed.
+        if online[s]["at"] < rows[-1].time - 1.0
+    ]
 
     # The same drafter and prompts through `python -m trainer eval`: the whole target
     # loaded apart from training's, the checkpoint's weights: the same acceptance, token
@@ -163,6 +178,7 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
         offline = json.loads((run / "eval" / f"step-{step:08d}.json").read_text())
         for key in ("tau", "per_position", "verify_steps", "tokens"):
             assert offline[key] == online[step][key], (step, key)
+            assert offline["tree"][key] == tree[step][key], (step, "tree", key)
     # Against a target that writes the data's kind of text, training shows in held-out τ.
     assert online[60]["tau"] > online[30]["tau"] > 1.0, online
 

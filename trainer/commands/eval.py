@@ -1,5 +1,5 @@
-"""`python -m trainer eval RUN_DIR [--step N] [--prompts 8] [--new-tokens 64] [--device cpu]`:
-held-out acceptance length of a run's checkpoint, decoding for real
+"""`python -m trainer eval RUN_DIR [--step N] [--prompts 8] [--new-tokens 64] [--device cpu]
+[--tree-nodes N]`: held-out acceptance length of a run's checkpoint, decoding for real
 (trainer/evaluation/acceptance.py). Exit codes: 0 measured, 2 bad input (one line naming the thing
 at fault)."""
 
@@ -21,6 +21,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=positive_int, default=64, help="per prompt (default 64)")
     p.add_argument("--prompt-len", type=positive_int, default=512, help="at most (default 512)")
     p.add_argument("--device", default="cpu", help="where to decode, e.g. cuda:0 (default cpu)")
+    p.add_argument(
+        "--tree-nodes", type=int,
+        help="DDTree's τ beside the chain's at this node budget (default: the run's "
+        "eval.tree_nodes; 0 = none)",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -31,8 +36,9 @@ def main(argv: list[str]) -> int:
 
     try:
         result = evaluate(
-            args.run_dir, args.step, args.prompts, args.new_tokens, args.prompt_len, args.device
-        )
+            args.run_dir, args.step, args.prompts, args.new_tokens, args.prompt_len, args.device,
+            args.tree_nodes,
+        )  # fmt: skip
     except ExportError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2

@@ -7,6 +7,12 @@ greedily (trainer/evaluation/speculative.py). τ is the mean number of tokens a 
 the target's bonus token included: 1.0 is a drafter that never helps, the block size one
 that is always right.
 
+With `eval.tree_nodes` set, each eval also decodes the same prompts with a DDTree draft tree
+of that many nodes per verify step (trainer/evaluation/tree.py) and reports its τ beside the
+chain's: `EvalResult.tree_*`, `EvalPoint.tree_tau`, `EvalInfo.tree_nodes`. These fields are
+optional (0 or None from older trainers and from runs that measure no tree; older readers
+ignore them), and `tau` keeps its meaning: the chain's.
+
 `Heartbeat.eval` (optional under schema 2: None from older trainers and from runs that
 evaluate nothing) carries the latest result and the history; a metrics.jsonl row carries
 the result that finished since the row before (`MetricsRow.eval`).
@@ -37,6 +43,12 @@ class EvalResult:
     # The training accuracy of the step line before the drafter's weights were taken: what
     # held-out τ is set against (a τ falling while this rises is overfitting).
     train_acc: float | None = None
+    # DDTree beside the chain (eval.tree_nodes): the same drafter and prompts, a draft tree
+    # of `tree_nodes` nodes per verify step. 0 / None: no tree was asked for.
+    tree_nodes: int = 0
+    tree_tau: float | None = None  # None: off, or not measured (below)
+    tree_seconds: float | None = None  # the tree's decoding of every prompt
+    tree_not_measured: str | None = None  # why not, e.g. "hybrid target (...)"
 
 
 @dataclasses.dataclass
@@ -46,6 +58,7 @@ class EvalPoint:
     step: int
     tau: float | None
     train_acc: float | None = None
+    tree_tau: float | None = None  # DDTree's τ on the same prompts (EvalResult.tree_tau)
 
 
 @dataclasses.dataclass
@@ -57,6 +70,7 @@ class EvalInfo:
     prompts: int = 0  # per eval
     new_tokens: int = 0  # per prompt
     device: str = ""
+    tree_nodes: int = 0  # eval.tree_nodes: DDTree's node budget beside the chain, 0 = off
     last: EvalResult | None = None
     history: list[EvalPoint] = dataclasses.field(default_factory=list)  # oldest first
     running_step: int | None = None  # an eval of this step is under way

@@ -2,6 +2,7 @@
 trained on (`data.held_out`, trainer/data/held_out.py), through trainer/evaluation/speculative.py.
 
     python -m trainer eval RUN_DIR [--step N] [--prompts 8] [--new-tokens 64] [--device cpu]
+                                   [--tree-nodes N]
 
 Each prompt is a held-out sample up to its first loss token (the conversation before the
 assistant's answer), at most `--prompt-len` tokens. The whole target verifies (its logits),
@@ -10,6 +11,10 @@ the eval thread decodes them (trainer/evaluation/decoding.py). The result goes t
 `RUN_DIR/eval/step-N.json` (and `export` quotes it in its README). A run that held nothing
 out is evaluated on the samples the same rule would have held out, and says that it trained
 on them.
+
+With a node budget (`--tree-nodes`, else the run's `eval.tree_nodes`), the same prompts are
+decoded again with a DDTree draft tree of that many nodes (trainer/evaluation/tree.py), and
+the record's `tree` holds its τ beside the chain's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from trainer.config import Config
 from trainer.data.held_out import split_held_out
 from trainer.evaluation.decoding import HeldOutDecode
 from trainer.evaluation.export import ExportError, checkpoint_of, read_drafter, run_config
+from trainer.evaluation.tree import describe_tree, held_out_tree
 from trainer.fsutil import atomic_write_json
 from trainer.model.drafter import DFlashDrafter
 from trainer.targets.answers import Decoding, load_decoding, prompt_of
@@ -52,13 +58,16 @@ def evaluate(
     new_tokens: int = 64,
     prompt_len: int = 512,
     device: str = "cpu",
+    tree_nodes: int | None = None,  # None: the run's eval.tree_nodes; 0: no tree
 ) -> dict[str, Any]:
-    from trainer.config import ConfigError, config_from_dict
+    from trainer.config import ConfigError, apply_overrides, config_from_dict
 
     t0 = time.monotonic()
     saved = run_config(run_dir)
     try:
         cfg = config_from_dict(saved, str(run_dir / "config.json"))
+        if tree_nodes is not None:  # checked by the config's own rule
+            cfg = apply_overrides(cfg, [f"eval.tree_nodes={tree_nodes}"])
     except ConfigError as e:
         raise ExportError(str(e)) from None
     ckpt, chosen = checkpoint_of(run_dir, step)
@@ -79,10 +88,15 @@ def evaluate(
     # eval.cuda_graphs allows them on this device (a GPU run's "on" is not refused on a CPU).
     decode = HeldOutDecode(model, drafter, chosen_prompts, new_tokens, cfg.eval.cuda_graphs)
     stats = decode.run().total()
+    summary = stats.summary()
+    if cfg.eval.tree_nodes:
+        summary["tree"] = held_out_tree(
+            model, decode.layer_ids, drafter, chosen_prompts, new_tokens, cfg.eval.tree_nodes
+        )
     run_id = saved.get("run", {}).get("run_id", run_dir.name)
     seconds = round(time.monotonic() - t0, 2)
     return write_eval(run_dir, run_id, chosen, held_out > 0, len(chosen_prompts), new_tokens,
-                      str(dec.device), stats.summary(), seconds)  # fmt: skip
+                      str(dec.device), summary, seconds)  # fmt: skip
 
 
 def write_eval(
@@ -116,5 +130,5 @@ def describe(r: dict[str, Any]) -> str:
     return (
         f"step {r['step']}: {where} τ {r['tau']:.2f} of {r['block_size']} over {r['prompts']} "
         f"prompts × {r['new_tokens']} tokens; accepted by position {shares} …; "
-        f"{r['tok_s']} tok/s on {r['device']} ({r['seconds']:.1f}s)"
+        f"{r['tok_s']} tok/s on {r['device']} ({r['seconds']:.1f}s){describe_tree(r.get('tree'))}"
     )

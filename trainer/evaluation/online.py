@@ -18,6 +18,9 @@ The training never waits for it:
   - a failure (out of memory, say) is recorded in the heartbeat and train.log; training
     goes on, and the next eval tries again.
 
+With `eval.tree_nodes`, each eval then decodes the same prompts again with a DDTree draft tree
+of that many nodes (trainer/evaluation/tree.py): its τ goes beside the chain's.
+
 Each result goes to `eval/step-N.json` (the format `python -m trainer eval` writes, which
 `export` quotes), the heartbeat (`EvalInfo`), the next metrics.jsonl row and wandb, and one
 line in train.log.
@@ -41,6 +44,7 @@ from trainer.config import one_line
 from trainer.contract.evaluation import HISTORY, EvalInfo, EvalPoint, EvalResult
 from trainer.evaluation.acceptance import write_eval
 from trainer.evaluation.decoding import HeldOutDecode
+from trainer.evaluation.tree import describe_tree, held_out_tree
 from trainer.model.drafter import DFlashDrafter
 from trainer.targets.answers import prompt_of
 from trainer.targets.load import resolve_dtype
@@ -74,6 +78,7 @@ class OnlineEval:
         self.new_tokens = cfg.eval.new_tokens
         self.final = cfg.eval.final
         self.cuda_graphs = cfg.eval.cuda_graphs
+        self.tree_nodes = cfg.eval.tree_nodes
         self.device: torch.device = setup.target_devices[0]
         self.dtype = resolve_dtype(cfg.target.dtype, self.device)
         prompts = (prompt_of(s, cfg.eval.prompt_len) for s in setup.held_out)
@@ -85,6 +90,7 @@ class OnlineEval:
             prompts=len(self.prompts),
             new_tokens=self.new_tokens,
             device=str(self.device),
+            tree_nodes=self.tree_nodes,
         )
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -240,6 +246,15 @@ class OnlineEval:
         if self.stop.is_set():
             raise _Abandoned
         s = stats.summary()
+        tree: dict[str, Any] = {}
+        if self.tree_nodes:
+            tree = held_out_tree(
+                decode.model, decode.layer_ids, decode.drafter, self.prompts, self.new_tokens,
+                self.tree_nodes, cancel=self.stop.is_set,
+            )  # fmt: skip
+            if self.stop.is_set():
+                raise _Abandoned
+            s["tree"] = tree
         result = EvalResult(
             step=job.step,
             tau=s["tau"],
@@ -251,6 +266,10 @@ class OnlineEval:
             seconds=round(time.monotonic() - t0, 3),
             at=time.time(),
             train_acc=job.train_acc,
+            tree_nodes=self.tree_nodes,
+            tree_tau=tree.get("tau"),
+            tree_seconds=tree.get("seconds"),
+            tree_not_measured=tree.get("not_measured"),
         )
         return result, s
 
@@ -263,7 +282,8 @@ class OnlineEval:
             info = self.info
             best = info.best()
             info.last = r
-            info.history = [*info.history, EvalPoint(r.step, r.tau, r.train_acc)][-HISTORY:]
+            point = EvalPoint(r.step, r.tau, r.train_acc, r.tree_tau)
+            info.history = [*info.history, point][-HISTORY:]
             info.seconds += r.seconds
             info.error = None
             self._result = r
@@ -272,6 +292,7 @@ class OnlineEval:
                 f"eval: step {r.step}: held-out τ {tau} of {self.setup.arch.block_size} over "
                 f"{r.prompts} prompts × {self.new_tokens} tokens (accepted by position "
                 f"{shares} …); {r.tok_s} tok/s, {r.seconds:.1f}s{was}"
+                f"{describe_tree(summary.get('tree'))}"
             )
 
     def _publish_graphs(self, decode: HeldOutDecode) -> None:
