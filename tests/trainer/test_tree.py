@@ -17,7 +17,7 @@ import random
 
 import pytest
 import torch
-from tiny_drafter import arch_for
+from tiny_drafter import arch_over
 from transformers import AutoModelForCausalLM
 
 from trainer.evaluation.speculative import drafter_proposer, speculative_decode, target_pass
@@ -63,7 +63,7 @@ def target(tiny_target_dir):
 def drafter_for(model, layer_ids, info, seed=0):
     """A drafter at its own init (seeded): what training starts from."""
     torch.manual_seed(seed)
-    arch = arch_for(info, layer_ids, info.vocab_size - 1, BS)
+    arch = arch_over(info, layer_ids, BS, info.vocab_size - 1)
     embed = model.get_input_embeddings().weight
     return DFlashDrafter(arch, embed, model.get_output_embeddings().weight).eval()
 

@@ -1,6 +1,6 @@
-"""Drafters over a tiny target: its shape (`arch_over`, and `arch_for` with the argument order
-the tree tests use), and one with weights large enough that predictions differ clearly between
-positions (`tiny_drafter`; the 0.02 init makes them nearly uniform)."""
+"""Drafters over a tiny target: its shape (`arch_over`), and one with weights large enough that
+predictions differ clearly between positions (`tiny_drafter`; the 0.02 init makes them nearly
+uniform)."""
 
 from __future__ import annotations
 
@@ -29,13 +29,6 @@ def arch_over(
         mask_token_id=mask_id,
         target_layer_ids=tuple(layer_ids),
     )
-
-
-def arch_for(
-    i: TargetInfo, layer_ids: list[int], mask_id: int, block_size: int, num_layers: int = 2
-) -> DrafterArch:
-    """`arch_over` with the mask id before the block size."""
-    return arch_over(i, layer_ids, block_size, mask_id, num_layers)
 
 
 def tiny_drafter(
