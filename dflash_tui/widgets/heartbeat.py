@@ -103,7 +103,10 @@ class HeartbeatPane(Static):
                 # Misses mean kernels were generated: a cold cache explains a slow compile.
                 line += f" · cache {comp.cache_hits} hit / {comp.cache_misses} miss"
             t.add_row("compile", line)
+        gpus = bool(s.gpu and s.gpu.devices)
         for place, g in cuda_graphs.places(hb):
+            if not gpus and not g.enabled:
+                continue  # a run with no GPU has no graphs to speak of (`status` still says why)
             style = "yellow" if cuda_graphs.fell_back(g) else ""
             t.add_row("graphs", safe.text(cuda_graphs.describe(place, g), style))
         if hb.gil.samples:

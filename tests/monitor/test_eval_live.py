@@ -126,5 +126,6 @@ def test_the_tui_shows_the_runs_tau(evaluated, tmp_path, monkeypatch):
     (row,) = [ln for ln in text.splitlines() if "held-out" in ln]
     assert row.strip() in {f"held-out     {form}" for form in tau.forms()}, text
     assert tau.latest is not None and f"τ {tau.latest.tau:.2f}" in row
-    (graphs,) = [ln for ln in text.splitlines() if ln.strip().startswith("graphs")]
-    assert "eval: off (" in graphs, text  # the eval's CUDA graphs: off on a CPU, and why
+    # With no GPU on the host the pane keeps its rows for what runs (status says why graphs
+    # are off); tests/monitor/test_cuda_graphs.py has the pane's words for a GPU run.
+    assert not [ln for ln in text.splitlines() if ln.strip().startswith("graphs")], text
