@@ -157,13 +157,14 @@ def test_online_eval_is_the_offline_eval_of_the_same_step_and_tau_rises(tmp_path
     rows = [row for line in lines if isinstance(row := parse_metrics_line(line), MetricsRow)]
     assert len(rows) == len(lines)
     carried = [row.eval for row in rows if row.eval is not None]
-    assert [(e.step, e.tau, e.tree_nodes, e.tree_tau) for e in carried] == [
-        (s, online[s]["tau"], 16, tree[s]["tau"])
-        for s in (30,)
-        # An eval still running at the last row (chain and tree, on a busy machine) is
-        # taken at the end, for wandb: only one that finished well before that row is owed.
-        if online[s]["at"] < rows[-1].time - 1.0
-    ]
+    got = [(e.step, e.tau, e.tree_nodes, e.tree_tau) for e in carried]
+    owed = (30, online[30]["tau"], 16, tree[30]["tau"])
+    # An eval still running at the last row (chain and tree, on a busy machine) is taken at
+    # the end, for wandb: one that finished well before the last row is owed to a row, one
+    # that finished about then may be carried or not, but never with other figures.
+    assert got in ([], [owed]), got
+    if online[30]["at"] < rows[-1].time - 1.0:
+        assert got == [owed]
 
     # The same drafter and prompts through `python -m trainer eval`: the whole target
     # loaded apart from training's, the checkpoint's weights: the same acceptance, token
