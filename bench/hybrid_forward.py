@@ -9,6 +9,14 @@ A harness, not the operator's path: `--layers` layers of the 27B shape (3 Gated 
 through the trainer's own `TargetFeatures`. `--fla without` hides the package before
 transformers is imported, which is what a host without it gets: HF's torch reference for the
 delta rule. Prints one `HYBRID ...` line.
+
+`--profile` adds where the packed forward's GPU time goes (torch.profiler over `--reps`
+forwards): kernels grouped as GEMM, Gated DeltaNet (fla's Triton kernels), the short causal
+convolution, full attention, and the rest, each with its share, the ten longest kernels by
+name, and the GEMMs' FLOP bound (2 x linear weights x tokens at `--peak` TFLOP/s) so the time
+above it is named. Prints `HYBRID_PROFILE ...` lines. `--compile` then compiles as
+`target.compile` does (`TargetFeatures.compile_layers`) and times the packed forward again
+(`HYBRID_COMPILED ...`; with `--profile`, profiled again).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,6 +40,11 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="where the packed forward's time goes")
+    p.add_argument(
+        "--compile", action="store_true", help="then the same with target.compile's layers"
+    )
+    p.add_argument("--peak", type=float, default=769.0, help="the card's bf16 matmul TFLOP/s")
     args = p.parse_args()
     if args.fla == "without":
         sys.modules["fla"] = None  # type: ignore[assignment]  # import fla -> ImportError
@@ -83,6 +97,24 @@ def main() -> int:
             diff = (packed[:, at : at + k] - alone).abs().max().item()
             worst = max(worst, diff / max(alone.abs().max().item(), 1e-6))
             at += k
+    if args.profile:
+        profile(model, lambda: feats(ids, pos), args.reps, S, args.peak)
+    if args.compile:  # target.compile: full-attention layers whole, the hybrids' parts
+        t = time.perf_counter()
+        feats.compile_layers()
+        with torch.no_grad():
+            feats(ids, pos)
+            compile_s = time.perf_counter() - t
+            compiled_ms = timed(lambda: feats(ids, pos))
+            got = feats(ids, pos).float()
+        err = float((got - packed.float()).norm() / packed.float().norm())
+        print(
+            f"HYBRID_COMPILED packed_ms={compiled_ms:.1f} eager_packed_ms={packed_ms:.1f}"
+            f" ratio={packed_ms / compiled_ms:.3f} compile_s={compile_s:.1f}"
+            f" rel_diff_vs_eager={err:.2e}"
+        )
+        if args.profile:
+            profile(model, lambda: feats(ids, pos), args.reps, S, args.peak)
     print(
         f"HYBRID fla={args.fla} (fast path: {fla_available()}) layers={n} seq={S}"
         f" docs={len(lengths)} unpacked_ms={unpacked_ms:.1f} packed_ms={packed_ms:.1f}"
@@ -90,6 +122,62 @@ def main() -> int:
         f" packed_vs_alone_max_rel_diff={worst:.2e}"
     )
     return 0
+
+
+KIND_OF = (  # first match wins; names as CUDA/Triton report them on an H200
+    ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("conv1d", ("conv", "causal_conv")),
+    ("gated_deltanet", ("chunk", "recurrent", "delta", "l2norm", "fused_", "solve_tril", "kkt")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KIND_OF:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def profile(model: Any, forward: Callable[[], object], reps: int, tokens: int, peak: float) -> None:
+    """Kernel time of `reps` packed forwards, by kind and by name, against the GEMM bound."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch.no_grad():
+        forward()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                forward()
+            torch.cuda.synchronize()
+    by_name: dict[str, float] = {}
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+        if us and ev.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[ev.key] = by_name.get(ev.key, 0.0) + us / 1000 / reps
+    by_kind: dict[str, float] = {}
+    for name, ms in by_name.items():
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+    total = sum(by_kind.values())
+    linear = sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight.shape[0] < 200_000  # not lm_head
+    )
+    bound_ms = 2 * linear * tokens / (peak * 1e12) * 1000
+    gemm = by_kind.get("gemm", 0.0)
+    kinds = " ".join(f"{k}={v:.1f}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+    print(f"HYBRID_PROFILE per_forward_ms={total:.1f} {kinds}")
+    print(
+        f"HYBRID_PROFILE gemm_bound_ms={bound_ms:.1f} (linear weights {linear / 1e9:.2f}B x"
+        f" {tokens} tokens at {peak:.0f} TFLOP/s) gemm_above_bound_ms="
+        f"{gemm - bound_ms:.1f} not_gemm_ms={total - gemm:.1f}"
+    )
+    for name, ms in sorted(by_name.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"HYBRID_PROFILE kernel {ms:7.2f} ms  {kernel_kind(name):14s} {name[:110]}")
 
 
 if __name__ == "__main__":

@@ -201,8 +201,9 @@ def test_compiled_target_layers_give_the_eager_features(tiny_target_dir):
 
 @cuda
 def test_compiled_hybrid_target_gives_the_eager_features(tiny_hybrid_target_dir):
-    """target.compile on a Qwen3.5 hybrid: only its full-attention layers are compiled (the
-    Gated DeltaNet ones stay eager), and the features equal the eager ones (bf16)."""
+    """target.compile on a Qwen3.5 hybrid: its full-attention layers are compiled whole, a
+    Gated DeltaNet layer's norms and MLP around fla's eager kernels on a packed row, and the
+    features equal the eager ones (bf16), unpacked and packed."""
     from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
 
     info = read_target_info(tiny_hybrid_target_dir)
@@ -211,13 +212,19 @@ def test_compiled_hybrid_target_gives_the_eager_features(tiny_hybrid_target_dir)
     f = load_target(tiny_hybrid_target_dir, ids_read, torch.bfloat16, dev, "varlen").features
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 200, (1, 256), generator=g).cuda()
+    pos = torch.cat([torch.arange(n) for n in (100, 156)])[None]
     eager = f(ids).float()
+    eager_packed = f(ids, pos.cuda(), f.packed_docs(pos, dev)).float()
     f.compile_layers()
-    assert f.compiled is not None
+    assert f.compiled is not None and f.hybrid_parts is not None
     kinds = {layer is f.base.layers[i] for i, layer in enumerate(f.compiled)}
     assert kinds == {True, False}  # some layers compiled, the linear ones not
+    assert [p is not None for p in f.hybrid_parts] == f.linear  # their parts instead
     got = f(ids).float()
-    assert float((got - eager).norm() / eager.norm()) < 2e-2
+    packed = f(ids, pos.cuda(), f.packed_docs(pos, dev)).float()
+    for have, want in ((got, eager), (packed, eager_packed)):
+        assert float((have - want).norm() / want.norm()) < 2e-2
+    assert float((packed - got).norm() / got.norm()) > 0.05  # the documents matter
 
 
 @cuda

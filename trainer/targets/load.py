@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from trainer.targets.packing import (
     DocBounds,
+    HybridLayerParts,
     PackedDocs,
     hybrid_layer_packed,
     install_packed_attention,
@@ -117,6 +118,7 @@ class TargetFeatures(nn.Module):
         # `compile_layers`: compiled wrappers of the full-attention layers, for this forward
         # only (the eval's whole target calls the same layers, eagerly).
         self.compiled: list[Any] | None = None
+        self.hybrid_parts: list[HybridLayerParts | None] | None = None
         if packed_attention != "mask":
             install_packed_attention()
         self.layer_ids = list(layer_ids)
@@ -133,12 +135,17 @@ class TargetFeatures(nn.Module):
 
     def compile_layers(self) -> None:
         """Compile each full-attention decoder layer (`target.compile`): one graph for the
-        layers of one shape where dynamo can share it. The Gated DeltaNet layers stay eager.
-        The first forward of each shape compiles (the warm-up's, `warm_up_targets`)."""
+        layers of one shape where dynamo can share it. A Gated DeltaNet layer on a packed
+        row has its norms and MLP compiled around fla's eager kernels (`HybridLayerParts`);
+        unpacked, it stays eager. The first forward of each shape compiles (the warm-up's,
+        `warm_up_targets`)."""
         layers: Any = self.base.layers
         self.compiled = [
             layer if self.linear[i] else torch.compile(layer, dynamic=False)
             for i, layer in enumerate(layers)
+        ]
+        self.hybrid_parts = [
+            HybridLayerParts(layer) if self.linear[i] else None for i, layer in enumerate(layers)
         ]
 
     def packed_docs(self, position_ids: Tensor | None, device: torch.device) -> PackedDocs | None:
@@ -191,7 +198,8 @@ class TargetFeatures(nn.Module):
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(base.layers):
             if bounds is not None and self.linear[i]:
-                hidden = hybrid_layer_packed(layer, hidden, bounds)
+                parts = None if self.hybrid_parts is None else self.hybrid_parts[i]
+                hidden = hybrid_layer_packed(layer, hidden, bounds, parts)
             else:
                 call = layer if self.compiled is None else self.compiled[i]
                 out = call(
