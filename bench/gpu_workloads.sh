@@ -7,8 +7,8 @@
 #   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
 #             disk), with and without flash-linear-attention, packed and unpacked (a harness)
 #   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s
-#   27b-compiled  then the same with target.compile = true (its 15 full-attention layers
-#             compiled; the Gated DeltaNet ones stay eager)
+#   27b-compiled  the same with target.compile = true (its full-attention layers compiled;
+#             a Gated DeltaNet layer's norms and MLP compiled around fla's eager kernels)
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
@@ -88,7 +88,7 @@ else:
     print(f"RESULT {name} no metrics rows after the settle time (rows={len(rows)}, phase={hb['phase']})")
 EOF
   grep -m1 "^data:" "$run_dir/train.log" | tee -a "$log"
-  "${cli[@]}" kill "${where[@]}" --timeout 60 2>&1 | tail -1 | tee -a "$log"
+  "${cli[@]}" kill "${where[@]}" --timeout "${KILL_TIMEOUT:-60}" 2>&1 | tail -1 | tee -a "$log"
   cp "$run_dir/train.log" "$out/train-$name.log" 2>/dev/null
   cp "$run_dir/config.json" "$out/config-$name.json" 2>/dev/null
   cp "$run_dir/metrics.jsonl" "$out/metrics-$name.jsonl" 2>/dev/null
@@ -99,6 +99,14 @@ EOF
 gpu_memory() {  # NAME
   local used; used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
   echo "MEMORY $1 gpu_used_mib=$used per_process_mib=$(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits | paste -sd+)" | tee -a "$log"
+}
+
+build_27b() {  # the Qwen3.6-27B-shaped target and a deployed release, once a machine
+  [[ -d /tmp/qwen3.6-27b-random ]] && [[ -d $remote/current ]] && return
+  say "build the Qwen3.6-27B-shaped target"
+  rm -rf /tmp/qwen3-8b-random  # the disk holds one large target at a time
+  [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
+  [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
 }
 
 for part in $parts; do
@@ -161,12 +169,10 @@ EOF
         python3 bench/hybrid_forward.py --fla "$fla" 2>&1 | grep -v Warning | tee -a "$log"
       done ;;
     27b)
-      say "build the Qwen3.6-27B-shaped target"
-      rm -rf /tmp/qwen3-8b-random  # the disk holds one large target at a time
-      [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
-      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      build_27b
       launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" ;;
-    27b-compiled)  # after 27b, on the same machine: its full-attention layers compiled
+    27b-compiled)  # its full-attention layers compiled, and the norms and MLP around fla's kernels
+      build_27b
       launch_and_measure 27b-compiled trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
         "${MEASURE:-45}" --set target.compile=true ;;
     x2)

@@ -128,6 +128,9 @@ KIND_OF = (  # first match wins; names as CUDA/Triton report them on an H200
     ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("conv1d", ("conv", "causal_conv")),
+    # inductor's own kernels (`triton_poi_fused_…`, `triton_red_fused_…`) before fla's
+    # names: "fused_" would otherwise count the compiled norms and MLP as Gated DeltaNet
+    ("compiled elementwise", ("triton_poi", "triton_red", "triton_per")),
     ("gated_deltanet", ("chunk", "recurrent", "delta", "l2norm", "fused_", "solve_tril", "kkt")),
 )
 
