@@ -6,9 +6,10 @@
 #             the first minute of training, their ratio, the padding share
 #   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
 #             disk), with and without flash-linear-attention, packed and unpacked (a harness)
-#   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s
-#   27b-compiled  the same with target.compile = true (its full-attention layers compiled;
-#             a Gated DeltaNet layer's norms and MLP compiled around fla's eager kernels)
+#   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s (target.compile on:
+#             its full-attention layers compiled, a Gated DeltaNet layer's norms, gates and
+#             MLP compiled around fla's eager kernels)
+#   27b-eager the same with target.compile = false
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
@@ -171,10 +172,10 @@ EOF
     27b)
       build_27b
       launch_and_measure 27b trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" ;;
-    27b-compiled)  # its full-attention layers compiled, and the norms and MLP around fla's kernels
+    27b-eager)
       build_27b
-      launch_and_measure 27b-compiled trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
-        "${MEASURE:-45}" --set target.compile=true ;;
+      launch_and_measure 27b-eager trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
+        "${MEASURE:-45}" --set target.compile=false ;;
     x2)
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
@@ -256,7 +257,7 @@ EOF2
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-compiled, x2, modes, group, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-eager, x2, modes, group, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
