@@ -143,6 +143,8 @@ The step log
            empty = all; the log's title counts the lines shown
   f        follow / pause
   w        wrap long lines, or one line each (← → scroll sideways)
+  C        a wall-clock column: each step line's time (metrics.jsonl's),
+           in your time zone; other lines leave it blank
   o        the log in $PAGER (plain less without one); q comes back
   g Home   train.log from its first line, paged (PgUp at the top: the
            page before, PgDn at the bottom: the page after)
