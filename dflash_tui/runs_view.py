@@ -153,14 +153,16 @@ def plan_columns(
     runs: list[RunInfo], width: int | None, names: tuple[str, ...], gap: int = 2
 ) -> list[tuple[Column, int]]:
     """The columns of `names` that fit `width` (None: all, each at its natural width), each
-    with its width, in the order of `names`: taken in priority order at their natural width (a flexible one at its
-    least), a column that does not fit left out, then the width left given to the flexible
-    ones in priority order. `gap`: what each column costs beyond its cells (the spaces or the
-    table's padding)."""
+    with its width, in the order of `names`: taken in priority order at their natural width
+    (a flexible one at its least), a column that does not fit left out, then the width left
+    given to the flexible ones in priority order. `gap`: what each column costs beyond its
+    cells (the spaces or the table's padding)."""
     wanted = [c for c in COLUMNS if c.name in names]
     natural = {c.name: natural_width(c, runs) for c in wanted}
     if width is None:
-        return sorted(((c, natural[c.name]) for c in wanted), key=lambda cw: names.index(cw[0].name))
+        return sorted(
+            ((c, natural[c.name]) for c in wanted), key=lambda cw: names.index(cw[0].name)
+        )
     chosen: list[tuple[Column, int]] = []
     used = 0
     for c in wanted:
@@ -170,11 +172,10 @@ def plan_columns(
             used += w + gap
     left = max(0, width - used)
     grown = []
-    for c, w in chosen:
-        if c.flexible and left > 0:
-            extra = min(left, natural[c.name] - w)
-            w, left = w + extra, left - extra
-        grown.append((c, w))
+    for c, least in chosen:
+        extra = min(left, natural[c.name] - least) if c.flexible else 0
+        left -= extra
+        grown.append((c, least + extra))
     if grown and grown[0][0].name == "id" and used > width:
         c, w = grown[0]
         grown[0] = (c, max(8, w - (used - width)))

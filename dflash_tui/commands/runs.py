@@ -52,7 +52,9 @@ def format_runs(runs: list[RunInfo], env: bool = False, width: int | None = None
         cells = []
         for c, w in plan:
             text = sanitize.field(c.cell(r) + (mark if c.name == "outcome" else ""))
-            cells.append((fit(text, w) if width is not None or c.name == "id" else text, w, c.right))
+            cells.append(
+                (fit(text, w) if width is not None or c.name == "id" else text, w, c.right)
+            )
         rows.append(line(cells))
         if env:
             env_text = r.environment.describe() if r.environment else "—"

@@ -46,9 +46,9 @@ def cli(target: Target, *args: str, columns: int | None = None) -> subprocess.Co
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
         env["COLUMNS"] = str(columns)
+    where = ["local", "--remote-dir", target.remote_dir]
     return subprocess.run(
-        [sys.executable, "-m", "dflash_tui", "runs", "local", "--remote-dir", target.remote_dir]
-        + list(args),
+        [sys.executable, "-m", "dflash_tui", "runs", *where, *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -148,7 +148,7 @@ def test_the_runs_screen_at_80x24_filters_and_sorts(run_root):
             await pilot.press("s")  # by best tok/s
             assert [str(k.value) for k in table.rows][:2] == [H200, FINISHED]
             await pilot.press("S")  # turned round: the slowest with a figure first
-            assert [str(k.value) for k in table.rows][0] == CRASHED
+            assert next(str(k.value) for k in table.rows) == CRASHED
 
             await pilot.press("slash", *"outcome:stop", "enter")
             assert sorted(str(k.value) for k in table.rows) == sorted([STOPPED, H200])
