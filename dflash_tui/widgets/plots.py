@@ -72,11 +72,13 @@ class Figure:
         return any(x and y for _, _, x, y in self.lines)
 
     def same_axes(self, other: Figure) -> bool:
-        """Only the points differ: the same title, scale and theme, data in both."""
+        """Only the points differ: the same title, axes, scale, theme and cursor, data in
+        both (a key that changes any of these draws at once)."""
         return (
             self.has_data
             and other.has_data
-            and (self.title, self.log, self.theme) == (other.title, other.log, other.theme)
+            and (self.title, self.xlabel, self.log, self.theme, self.cursor)
+            == (other.title, other.xlabel, other.log, other.theme, other.cursor)
         )
 
 
@@ -253,10 +255,11 @@ class Plots(Widget, can_focus=True):
             title: str, y: Sequence[float | None], colour: int, *extra: Line, **kw: object
         ) -> Figure:
             x, ys = points(y)
+            label = title.split(" · ", maxsplit=1)[0]  # the legend's: "streak" beside "τ"
             return Figure(
                 title + (f" · ema {smoothing:g}" if smoothing else ""),
                 xlabel,
-                ((title, colour, x, ys), *extra),
+                ((label, colour, x, ys), *extra),
                 why=why,
                 theme=theme,
                 cursor=cursor,
@@ -269,7 +272,7 @@ class Plots(Widget, can_focus=True):
         tau: tuple[Line, ...] = ()
         if evals:  # beside the training streak: the same drafter on prompts it never saw
             tau_x = tuple(e.minutes if axis == plot_view.TIME else float(e.step) for e in evals)
-            tau = (("τ held-out", 4, tau_x, tuple(e.tau for e in evals)),)
+            tau = (("τ", 4, tau_x, tuple(e.tau for e in evals)),)
         figures = {
             "toks": per_step(*_thousands("tok/s", [r.tok_s for r in rows]), colour=0),
             "loss": per_step(
