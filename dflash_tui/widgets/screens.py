@@ -129,10 +129,12 @@ The run
   c        clear the compile cache (asks); refused while a run lives
   l Enter  choose a run (Enter on a row: its whole history, alive or
            not); by default the latest. In the list: space marks runs,
-           c compares the marked ones
+           c compares the marked ones, / filters (words, outcome:KIND),
+           s sorts (start, tok/s, τ, steps), S turns the order round
   i        run info: how it ended, its exit, environment, whole config
   T        threads and processes: Enter on a thread shows its stack,
-           on a process of the run offers a signal
+           on a process of the run offers a signal; s sorts (CPU,
+           name, time in state, loop), / filters by words
   p        replay the run's telemetry with these panes: ← → an entry,
            [ ] a minute, Home End, e the end; control keys are off
            there; Esc returns to live
@@ -157,6 +159,10 @@ Panes
            step log, alerts, stack viewer, runs list, this help
   g G      to the top / the bottom
   L        on the plots: the loss on a log scale, or back
+  + -      on the plots: smooth more / less (EMA 0.6 … 0.99, or raw)
+  x        on the plots: time (minutes) or step on the x-axis
+  ← →      on the plots: a cursor over the rows, their values above;
+           → past the newest puts it away
   x        on the alerts: what each alert's code means, how it is
            decided and what to do (dflash-tui explain); ← → between them
   mouse    the wheel scrolls the pane under the pointer; click focuses
