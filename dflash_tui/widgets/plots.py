@@ -100,6 +100,11 @@ class PlotPanel(Vertical):
         yield PlotextPlot()
         yield Static(classes="plot-empty")
 
+    @property
+    def figure(self) -> Figure | None:
+        """What the panel draws now (new points held back until DRAW_EVERY_S not yet)."""
+        return self._shown
+
     def show(self, fig: Figure) -> bool:
         """Draw `fig` unless it is what is on screen already; True when it drew. New points
         on the lines shown wait until DRAW_EVERY_S after the last draw (one draw for all
@@ -183,6 +188,7 @@ class Plots(Widget, can_focus=True):
         self.smoothing = 0.0  # plot_view.SMOOTHING
         self.axis = plot_view.STEP
         self.cursor: int | None = None  # the step under the cursor; None: none
+        self._readout = ""  # the line above the plots, as drawn
         self._store: Store | None = None
         self.drawn = 0  # panels drawn at once since start (tests count them)
 
@@ -297,9 +303,11 @@ class Plots(Widget, can_focus=True):
             if self.query_one(f"#plot-{name}", PlotPanel).show(fig):
                 self.drawn += 1
         text = plot_view.readout(rows, self.cursor, smoothing, axis, evals)
-        readout = self.query_one("#plot-readout", Static)
-        readout.set_class(bool(text), "-shown")
-        readout.update(safe.text(text))
+        if text != self._readout:  # drawn on a change only: an idle screen repaints nothing
+            self._readout = text
+            readout = self.query_one("#plot-readout", Static)
+            readout.set_class(bool(text), "-shown")
+            readout.update(safe.text(text))
 
     def _memory(self, s: Store, theme: str) -> Figure:
         """GB used per GPU against seconds before the newest sample (not before now: the

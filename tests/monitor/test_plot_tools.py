@@ -36,7 +36,7 @@ def metrics_rows() -> list[dict]:
 
 
 def shown(app: DFlashApp, name: str):
-    fig = app.query_one(f"#plot-{name}", PlotPanel)._shown
+    fig = app.query_one(f"#plot-{name}", PlotPanel).figure
     assert fig is not None
     return fig
 
