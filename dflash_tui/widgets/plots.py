@@ -189,6 +189,7 @@ class Plots(Widget, can_focus=True):
         self.axis = plot_view.STEP
         self.cursor: int | None = None  # the step under the cursor; None: none
         self._readout = ""  # the line above the plots, as drawn
+        self._smooth = plot_view.Smoother()  # each series smoothed on from the last redraw
         self._store: Store | None = None
         self.drawn = 0  # panels drawn at once since start (tests count them)
 
@@ -248,19 +249,21 @@ class Plots(Widget, can_focus=True):
         cursor = None if row is None else plot_view.x_of(row, axis)
         xlabel = plot_view.xlabel(axis)
 
-        def points(y: Sequence[float | None]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        def points(
+            name: str, y: Sequence[float | None]
+        ) -> tuple[tuple[float, ...], tuple[float, ...]]:
             # Only the rows that carry the value: a None (an older trainer's row) or a NaN
             # would break the line, and NaN != NaN would redraw the panel at every update.
             pts = [
                 (x, float(v)) for x, v in zip(xs, y, strict=True) if v is not None and _finite(v)
             ]
-            ys = plot_view.ema([v for _, v in pts], smoothing)
+            ys = self._smooth(name, [v for _, v in pts], smoothing)
             return tuple(x for x, _ in pts), tuple(ys)
 
         def per_step(
             title: str, y: Sequence[float | None], colour: int, *extra: Line, **kw: object
         ) -> Figure:
-            x, ys = points(y)
+            x, ys = points(title, y)
             label = title.split(" · ", maxsplit=1)[0]  # the legend's: "streak" beside "τ"
             return Figure(
                 title + (f" · ema {smoothing:g}" if smoothing else ""),
@@ -273,6 +276,7 @@ class Plots(Widget, can_focus=True):
             )
 
         losses = [r.loss for r in rows]
+        finite_losses = [v for v in losses if v is not None and _finite(v)]
         log = self.log_loss
         evals = plot_view.held_out(rows)
         tau: tuple[Line, ...] = ()
@@ -286,9 +290,7 @@ class Plots(Widget, can_focus=True):
                 [v if not log or (v is not None and v > 0) else None for v in losses],
                 1,
                 ylim=plot_data.recent_range(
-                    plot_view.ema([v for v in losses if v is not None and _finite(v)], smoothing)
-                    if smoothing
-                    else losses,
+                    self._smooth("loss window", finite_losses, smoothing) if smoothing else losses,
                     log=log,
                 ),
                 log=log,

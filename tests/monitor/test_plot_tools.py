@@ -122,3 +122,13 @@ def test_the_ema_and_the_cursor_moves():
     assert plot_view.move_cursor(rows, 30, 1) is None  # type: ignore[arg-type]
     assert plot_view.move_cursor(rows, 10, -1) == 10  # type: ignore[arg-type]
     assert plot_view.move_cursor(rows, 25, 1) == 30  # type: ignore[arg-type]
+
+
+def test_the_smoother_carries_on_as_rows_come_and_starts_afresh_otherwise():
+    rows = [r["loss"] for r in metrics_rows()]
+    smooth = plot_view.Smoother()
+    for n in range(1, len(rows) + 1):  # a row at a time, as a live run's redraws see them
+        assert smooth("loss", rows[:n], 0.9) == plot_view.ema(rows[:n], 0.9)
+    assert smooth("loss", rows, 0.8) == plot_view.ema(rows, 0.8)  # another weight
+    assert smooth("loss", rows[3:], 0.8) == plot_view.ema(rows[3:], 0.8)  # the oldest dropped
+    assert smooth("loss", rows, 0.0) == rows
