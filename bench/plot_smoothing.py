@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from dflash_tui import plot_view
 
@@ -17,11 +18,11 @@ ROWS = 36_000  # Store.metrics' bound: history * 10
 REPEATS = 30
 
 
-def ms(fn: object) -> float:
+def ms(fn: Callable[[], object]) -> float:
     times = []
     for _ in range(REPEATS):
         t = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         times.append((time.perf_counter() - t) * 1000)
     return statistics.median(times)
 

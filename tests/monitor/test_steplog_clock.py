@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from monitor_helpers import typed_event
+from test_diagnosis import NOW, events
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
@@ -86,5 +88,32 @@ def test_c_shows_each_step_lines_time_and_hides_it_again(run_root):
             await pilot.pause(0.3)
             assert shown_lines(log) == before
             assert "[clock]" not in str(app.query_one("#log-title").render())
+
+    asyncio.run(go())
+
+
+def test_the_newest_step_line_before_its_metrics_row_takes_the_time_it_came():
+    """train.log and metrics.jsonl are followed apart: a step line may come before its row.
+    The recorded held_out_eval run, its last metrics row held back."""
+    evs = events("recorded/held_out_eval.jsonl")
+    run_id = next(e["run_id"] for e in reversed(evs) if e.get("type") == "follow")
+    ours = [e for e in evs if e.get("type") == "line" and e["run_id"] == run_id]
+    last_row = [e for e in ours if e["file"] == "metrics.jsonl"][-1]
+    step = json.loads(last_row["text"])["step"]
+    line = next(e for e in ours if e["file"] == "train.log" and f"] step={step} " in e["text"])
+
+    async def go():
+        app = DFlashApp(Target(name="cpu-box", kind="local"), connect=False, clock=lambda: NOW)
+        for e in evs:
+            if e is not last_row:
+                app.feed(typed_event(e))
+        async with app.run_test(size=(160, 48)) as pilot:
+            log = app.query_one(StepLog)
+            await pilot.press("C")
+            await pilot.pause(0.3)
+            shown = next(ln for ln in shown_lines(log) if f" step={step} " in ln)
+            assert shown.startswith(local_clock(line["t"])), shown
+            earlier = next(ln for ln in shown_lines(log) if " step=10 " in ln)
+            assert not earlier.startswith(" ")  # its row came: the row's time
 
     asyncio.run(go())
