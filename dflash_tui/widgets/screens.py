@@ -301,19 +301,17 @@ class RunsScreen(ModalScreen[str | list[str] | None]):
 
     def _title(self, columns: int) -> None:
         t = Text(" Runs", style="bold")
-        t.append(f" · {len(self.shown)} of {len(self.runs)}")
-        t.append(f" · sorted by {runs_view.SORTS[self.sort][0]}")
+        t.append(f" · {len(self.shown)} of {len(self.runs)} · sort: {self.sort}")
         if self.reverse:
-            t.append(" (reversed)")
+            t.append(" reversed")
         if self.filter_text:
-            t.append(" · filter ")
-            t.append(safe.text(self.filter_text))
+            t.append(" · filter: ")
+            t.append(safe.text(self.filter_text))  # the operator's words, as typed
         hidden = len(self.SHOWN) - columns
         if hidden:
-            t.append(f" · {hidden} column{'s' if hidden != 1 else ''} need a wider screen", "dim")
+            t.append(f" · {hidden} more column{'s' if hidden != 1 else ''} wider", "dim")
         t.append(
-            "\n Enter: show this run · space: mark · c: compare marked · / filter · s sort · "
-            "S reverse · a: follow the latest · esc: back",
+            "\n Enter open · space mark · c compare · / filter · s/S sort/reverse · a latest",
             style="dim",
         )
         self.query_one("#runs-title", Label).update(t)

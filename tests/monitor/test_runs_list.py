@@ -152,7 +152,8 @@ def test_the_runs_screen_at_80x24_filters_and_sorts(run_root):
 
             await pilot.press("slash", *"outcome:stop", "enter")
             assert sorted(str(k.value) for k in table.rows) == sorted([STOPPED, H200])
-            assert "2 of 6" in str(screen.query_one("#runs-title").render())
+            title = str(screen.query_one("#runs-title").render())
+            assert "2 of 6 · sort: tok/s reversed · filter: outcome:stop" in title
             # an outcome no kind starts with: said beside the input; Esc puts back the one
             # before (the list follows the text as typed, as the step log's filter does)
             await pilot.press("slash", "ctrl+u", *"outcome:qq")
