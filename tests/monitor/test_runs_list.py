@@ -161,6 +161,12 @@ def test_the_runs_screen_at_80x24_filters_and_sorts(run_root):
             await pilot.press("escape")
             assert sorted(str(k.value) for k in table.rows) == sorted([STOPPED, H200])
 
+            # a wider terminal: the columns that did not fit come
+            await pilot.resize_terminal(160, 48)
+            await pilot.pause(0.3)
+            headers = [str(c.label) for c in table.columns.values()]
+            assert headers[5:] == ["phase", "error"]
+
             # Enter still picks the run under the cursor
             table.move_cursor(row=[str(k.value) for k in table.rows].index(STOPPED))
             await pilot.press("enter")
