@@ -258,9 +258,12 @@ def check_block_scaled(path: Path, layers: range | None = None) -> int:
                     f"target {path}: {weight_key} is {w_dtype}, its scale {key} wants F8_E4M3"
                 )
             checked += 1
-        elif dtype.startswith("F8") and key.endswith(".weight"):
-            if key[: -len(".weight")] + SCALE_SUFFIX not in shapes:
-                raise ValueError(f"target {path}: FP8 weight {key} has no {SCALE_SUFFIX}")
+        elif (
+            dtype.startswith("F8")
+            and key.endswith(".weight")
+            and key[: -len(".weight")] + SCALE_SUFFIX not in shapes
+        ):
+            raise ValueError(f"target {path}: FP8 weight {key} has no {SCALE_SUFFIX}")
     return checked
 
 
@@ -388,10 +391,11 @@ def write_block_scaled(src: Path, out: Path) -> int:
         "weight_block_size": [BLOCK, BLOCK],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in src.iterdir():
-        if name.is_file() and not name.name.endswith(".safetensors") and name.suffix != ".pt":
-            if name.name not in ("config.json", "model.safetensors.index.json"):
-                shutil.copy2(name, out / name.name)
+    written = ("config.json", "model.safetensors.index.json")
+    for name in src.iterdir():  # the tokenizer's files, generation_config.json, ...
+        weights = name.suffix in (".safetensors", ".pt")
+        if name.is_file() and not weights and name.name not in written:
+            shutil.copy2(name, out / name.name)
     return count
 
 
