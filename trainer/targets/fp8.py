@@ -86,7 +86,10 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     (dynamic), so no calibration is needed and no token's outlier clips another's."""
     amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
     scale = amax / FP8_MAX
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    # Row-major whatever the input's strides (_scaled_mm's first operand must be): a no-op
+    # for the contiguous activations the layers give it.
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).contiguous()
+    return q, scale
 
 
 # -- the module --------------------------------------------------------------------------------
