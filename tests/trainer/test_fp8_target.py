@@ -313,7 +313,7 @@ def test_fp8_linear_on_the_gpu_is_the_bf16_linear_within_fp8_precision() -> None
             got = f(x)
             assert got.dtype == torch.bfloat16 and got.shape == want.shape
             assert rel(got, want) < 0.04, (k, n, m)
-            if m in (4096, 17):
+            if (k, m) in ((4096, 4096), (4096, 17)):  # two graphs: compiling takes seconds
                 assert rel(compiled(x), got) < 1e-2, (k, n, m)
 
 
