@@ -4,6 +4,7 @@ compiled (`target.compile`).
 
     python3 bench/fp8_target.py --out fp8.json                  # the 8B shape, random weights
     python3 bench/fp8_target.py --target DIR --out fp8.json     # a target folder, bf16 or FP8
+    python3 bench/fp8_target.py --target DIR --device cpu --no-compile --reps 1 --out x.json
 
 Without `--target`: the Qwen3-8B bench shape (bench/make_bench_target.py), built on the GPU
 with HF's random init (no disk), truncated as training truncates it (layers 0..33 for the
@@ -80,16 +81,21 @@ def from_folder(
     return bf16.features, fp8.features  # type: ignore[return-value]
 
 
-def timed(fn: Callable[[], object], reps: int) -> float:
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(fn: Callable[[], object], reps: int, dev: torch.device) -> float:
     """Median ms of `reps` calls after two warm-up calls."""
     for _ in range(2):
         fn()
-    torch.cuda.synchronize()
+    sync(dev)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync(dev)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -101,11 +107,15 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--no-compile", action="store_true", help="eager forwards only")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cpu: the error alone, with --target")
     args = p.parse_args()
     dev = torch.device(args.device)
+    if dev.type == "cpu" and not args.target:
+        print("error: --device cpu needs --target (the 8B shape is for a GPU)", file=sys.stderr)
+        return 2
     try:
-        check_fp8_device("fp8", dev)
+        if dev.type != "cpu":  # the CPU: torch's reference _scaled_mm, errors only
+            check_fp8_device("fp8", dev)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -141,7 +151,7 @@ def main() -> int:
         errors[layer] = float((a - b).norm() / b.norm())
     cosine = float(torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0))
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(dev),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "target": str(args.target) if args.target else "qwen3-8b shape, random weights",
         "layers_read": layer_ids,
@@ -163,20 +173,22 @@ def main() -> int:
                 t1 = time.time()
                 f.compile_layers()
                 forward(f)
-                torch.cuda.synchronize()
+                sync(dev)
                 result.setdefault("compile_s", {})[name] = time.time() - t1
-            result["forward_ms"][f"{name}_{mode}"] = timed(lambda f=f: forward(f), args.reps)
+            ms = timed(lambda f=f: forward(f), args.reps, dev)
+            result["forward_ms"][f"{name}_{mode}"] = ms
         if mode == "compiled":  # the compiled FP8 forward against the compiled bf16 one
             c_err = (forward(fp8).float() - forward(bf16).float()).norm() / want.norm()
             result["compiled_feature_rel_error"] = float(c_err)
-    result["peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
+    if dev.type == "cuda":
+        result["peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
 
     print("FP8 layer  rel_error (features, FP8 vs bf16)")
     for layer, err in errors.items():
         print(f"FP8 {layer:5d}  {err:.4f}")
     print(f"FP8 cosine(all read features) {cosine:.6f}")
     w = result["weights_gb"]
-    print(f"FP8 decoder weights: bf16 {w['bf16']:.2f} GB, fp8 {w['fp8']:.2f} GB")
+    print(f"FP8 decoder weights: bf16 {w['bf16']:.3f} GB, fp8 {w['fp8']:.3f} GB")
     print(f"FP8 forward of one packed {seq}-token row (median of {args.reps}):")
     for mode in modes:
         b, f8 = result["forward_ms"][f"bf16_{mode}"], result["forward_ms"][f"fp8_{mode}"]
