@@ -10,6 +10,7 @@
 #             its full-attention layers compiled, a Gated DeltaNet layer's norms, gates and
 #             MLP compiled around fla's eager kernels)
 #   27b-eager the same with target.compile = false
+#   27b-fp8   the same with --set target.dtype=fp8 (the decoder linears in FP8, issue 31)
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
@@ -184,6 +185,11 @@ EOF
       build_27b
       launch_and_measure 27b-eager trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
         "${MEASURE:-45}" --set target.compile=false ;;
+    27b-fp8)  # the 27b part with the target's decoder linears in FP8 (issue 31)
+      build_27b
+      launch_and_measure 27b-fp8 trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
+        "${MEASURE:-45}" --set target.dtype=fp8
+      grep -m1 "target FP8:" "$out/train-27b-fp8.log" | tee -a "$log" ;;
     x2)
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
@@ -281,7 +287,7 @@ EOF2
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-eager, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
