@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trainer.targets.files import checkpoint_files
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 BLOCK = 128  # transformers' FP8 format: one scale per 128x128 block of a weight
@@ -218,12 +220,6 @@ def quantization_config(path: Path) -> dict[str, Any] | None:
     return q
 
 
-def _checkpoint_files(path: Path) -> list[Path]:
-    from trainer.targets.load import checkpoint_files
-
-    return checkpoint_files(path)
-
-
 def check_block_scaled(path: Path, layers: range | None = None) -> int:
     """Each scale of an FP8 checkpoint against its weight, from the .safetensors headers
     only (no tensor is read): every `X.weight_scale_inv` has an `X.weight` of float8_e4m3fn
@@ -233,7 +229,7 @@ def check_block_scaled(path: Path, layers: range | None = None) -> int:
     from safetensors import safe_open
 
     shapes: dict[str, tuple[tuple[int, ...], str]] = {}
-    for file in _checkpoint_files(path):
+    for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                 m = _LAYER_KEY.match(key)
@@ -280,7 +276,7 @@ def read_block_scaled(path: Path, layers: range) -> dict[int, dict[str, tuple[Te
     from safetensors import safe_open
 
     out: dict[int, dict[str, tuple[Tensor, Tensor]]] = {i: {} for i in layers}
-    for file in _checkpoint_files(path):
+    for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             keys = set(f.keys())
             for key in keys:
@@ -367,7 +363,7 @@ def write_block_scaled(src: Path, out: Path, device: str = "cpu") -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     count = 0
-    files = _checkpoint_files(src)
+    files = checkpoint_files(src)
     weight_map: dict[str, str] = {}
     for file in files:
         tensors: dict[str, Tensor] = {}

@@ -9,7 +9,6 @@ largest single matmul) all of it: the target's own logits are never computed.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer.targets import fp8 as fp8_weights
+from trainer.targets.files import checkpoint_files
 from trainer.targets.packing import (
     DocBounds,
     HybridLayerParts,
@@ -401,17 +401,6 @@ def load_target(
         path=path,
         fp8=report if fp8 else None,
     )
-
-
-def checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / name for name in dict.fromkeys(weight_map.values())]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"target {path}: no .safetensors weights in it")
-    return files
 
 
 class NoFeatures:

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from trainer.targets import fp8 as fp8_weights
-from trainer.targets.load import LoadedTarget, checkpoint_files, text_config
+from trainer.targets.files import checkpoint_files
+from trainer.targets.load import LoadedTarget, text_config
 
 
 def _layer_tensors(path: Path, layers: range) -> dict[int, dict[str, torch.Tensor]]:
