@@ -61,12 +61,18 @@ def in_memory(layer_ids: list[int], dev: torch.device) -> tuple[TargetFeatures, 
     full = config.num_hidden_layers
     config.num_hidden_layers = max(layer_ids) + 1
     torch.manual_seed(0)
-    with torch.device(dev):
-        model: Any = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 on the GPU: no fp32 copy
+    try:
+        with torch.device(dev):
+            model: Any = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
     model.eval().requires_grad_(False)
     twin: Any = copy.deepcopy(model)
     convert_linears(twin.model.layers)
     packed = resolve_packed_attention("auto", dev, torch.bfloat16)
+    if model.config._attn_implementation != "sdpa":  # varlen is reached through HF's "sdpa"
+        packed = "mask"
     return (
         TargetFeatures(model.model, layer_ids, full, packed),
         TargetFeatures(twin.model, layer_ids, full, packed),
