@@ -242,6 +242,26 @@ def test_the_verifying_target_is_fp8_in_every_layer_and_predicts_as_bf16(
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9, folder
 
 
+def test_the_offline_eval_reads_an_fp8_checkpoint_and_runs_an_fp8_run_on_a_cpu(
+    tiny_target_dir: Path, fp8_dir: Path
+) -> None:
+    """`python -m trainer eval` and `regenerate` load the whole target themselves: an FP8
+    checkpoint through our reader (HF's own wants accelerate), and an FP8 run's config on a
+    CPU in bf16 rather than refused."""
+    from trainer.targets.answers import load_whole_model
+
+    cpu = torch.device("cpu")
+    ref = load_whole_model(tiny_target_dir, "bfloat16", torch.bfloat16, cpu)
+    x = torch.randint(0, 448, (1, 40), generator=torch.Generator().manual_seed(5))
+    want = ref(x).logits.float()
+    for name in ("bfloat16", "fp8"):
+        model = load_whole_model(fp8_dir, name, torch.bfloat16, cpu)
+        assert not fp8.has_fp8(model)  # dequantised: a CPU runs no FP8 target
+        got = model(x).logits.float()
+        assert 1e-4 < rel(got, want) < FEATURE_TOLERANCE, name
+    assert not fp8.has_fp8(load_whole_model(tiny_target_dir, "fp8", torch.bfloat16, cpu))
+
+
 def test_the_hybrids_linears_go_fp8_where_their_shape_allows(tiny_hybrid_target_dir: Path) -> None:
     cpu = torch.device("cpu")
     t = load_target(tiny_hybrid_target_dir, [1, 3], torch.bfloat16, cpu, "mask", fp8=True)
@@ -346,6 +366,10 @@ def test_fp8_features_on_the_gpu_per_layer_the_drafter_reads(
         t.features.compile_layers()
         compiled = feats(t)
         assert max(rel(a, b) for a, b in zip(compiled, eager, strict=True)) < 2e-2
+    # The offline eval's whole target of an FP8 run is FP8 on a GPU that runs it.
+    from trainer.targets.answers import load_whole_model
+
+    assert fp8.has_fp8(load_whole_model(fp8_dir, "fp8", torch.bfloat16, dev))
 
 
 @cuda
