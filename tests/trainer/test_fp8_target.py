@@ -27,8 +27,10 @@ from trainer.targets.whole import whole_target
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# A linear of the target in FP8 is about 2-3 % of the output's norm off (3 mantissa bits,
-# both operands); through a few layers the features stay within this of bf16.
+# One linear in FP8 on Gaussian data is ~3.7 % of its output's norm off (e4m3 rounds each
+# operand ~2.4 %; measured 3.3-3.9 % over shapes on the CPU); a trained-like target's
+# features through a few layers stay within this of bf16 (the tiny one: 0.9-3 %).
+LINEAR_TOLERANCE = 0.05
 FEATURE_TOLERANCE = 0.06
 
 
@@ -92,7 +94,7 @@ def test_fp8_linear_is_the_bf16_linear_within_fp8_precision_on_the_cpu() -> None
         x = torch.randn(*shape, generator=g).to(torch.bfloat16)
         got, want = f(x), linear(x)
         assert got.shape == want.shape and got.dtype == torch.bfloat16
-        assert rel(got, want) < 0.04, shape
+        assert rel(got, want) < LINEAR_TOLERANCE, shape
     assert not list(f.parameters())  # buffers: nothing for an optimizer or requires_grad
 
 
@@ -332,7 +334,7 @@ def test_fp8_linear_on_the_gpu_is_the_bf16_linear_within_fp8_precision() -> None
             want = x @ w.t()
             got = f(x)
             assert got.dtype == torch.bfloat16 and got.shape == want.shape
-            assert rel(got, want) < 0.04, (k, n, m)
+            assert rel(got, want) < LINEAR_TOLERANCE, (k, n, m)
             if (k, m) in ((4096, 4096), (4096, 17)):  # two graphs: compiling takes seconds
                 # Fused, the activations' scaling may round a few elements to the next FP8
                 # value: the same op within that, not bit for bit.
