@@ -28,6 +28,7 @@
 #   fp8-checkpoint  the 8B bench target written in transformers' FP8 format (128x128 block
 #             scales, bench/make_fp8_target.py) and read back by the trainer's loader:
 #             the same figures from that checkpoint
+#   8b-chat   the 8b part's chat-data launch alone (bf16)
 #   8b-fp8    the 8B config through dflash-tui launch with --set target.dtype=fp8: tok/s
 #             (beside the 8b part's bf16 figure: run it first, on the same machine)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
@@ -276,6 +277,10 @@ EOF2
       [[ -d /tmp/qwen3-8b-fp8 ]] || python3 bench/make_fp8_target.py /tmp/qwen3-8b-random /tmp/qwen3-8b-fp8 2>&1 | tail -1 | tee -a "$log"
       python3 bench/fp8_target.py --target /tmp/qwen3-8b-fp8 --no-compile \
         --out "$out/fp8-checkpoint.json" 2>&1 | grep -v Warning | tee -a "$log" ;;
+    8b-chat)  # the 8b part's chat-data launch alone: bf16, beside 8b-fp8 in one call
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure 8b-chat trainer/configs/qwen3-8b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" ;;
     8b-fp8)
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
@@ -287,7 +292,7 @@ EOF2
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, 8b-chat, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
