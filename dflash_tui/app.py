@@ -26,6 +26,7 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
+from rich.text import Text
 
 from dflash_tui import sanitize, themes
 from dflash_tui.app_control import RunControl
@@ -191,11 +192,25 @@ class DFlashApp(App[int]):
             yield Plots(id="plots")
         yield FilterBar(self.views.apply_filter, id="filter-bar")
         yield Footer(compact=True)
+        yield Static(id="too-small")  # below 80x24: the only thing shown (app.tcss)
 
     def on_resize(self, event: events.Resize) -> None:
-        # Essentials first (widgets/layout.py): the stage bars, the GPUs and the plots give
-        # way on a small terminal. The dashboard is the first screen, whatever is over it.
-        layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
+        self.apply_layout(event.size.width, event.size.height)
+
+    def apply_layout(self, width: int | None = None, height: int | None = None) -> None:
+        """Essentials first (widgets/layout.py): the heartbeat, the stage bars and the plots
+        give way on a small terminal, and below the minimum one line says so. The dashboard
+        is the first screen, whatever is over it; a replay lays out the same panes."""
+        width = self.size.width if width is None else width
+        height = self.size.height if height is None else height
+        plan, small = layout.plan(width, height), layout.too_small(width, height)
+        for screen in self.screen_stack:
+            if screen is not self.screen_stack[0] and not isinstance(screen, ReplayScreen):
+                continue
+            with contextlib.suppress(NoMatches):
+                layout.apply(screen, plan)
+                screen.set_class(small is not None, "too-small")
+                screen.query_one("#too-small", Static).update(Text(small or ""))
 
     def on_mount(self) -> None:
         # The step log has the focus from the start (its keys: j k g G, paging). Not by
@@ -204,6 +219,8 @@ class DFlashApp(App[int]):
         with contextlib.suppress(NoMatches):
             self.query_one(StepLog).focus()
         palette.follow_theme(self, lambda: self.redraw(force=True))
+        # z and Esc (Textual's maximize): the zoomed box takes the whole screen, and back.
+        self.watch(self.screen_stack[0], "maximized", lambda _: self.apply_layout(), init=False)
         self.offline_notes.install()
         self.set_interval(self.AGES_S, self.redraw)
         if self.connect:
