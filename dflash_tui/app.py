@@ -43,7 +43,7 @@ from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
-from dflash_tui.widgets.offline import OfflineNotes
+from dflash_tui.widgets.offline import OfflineNote, OfflineNotes
 from dflash_tui.widgets.panes import Box, Pane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
@@ -116,7 +116,7 @@ class DFlashApp(App[int]):
         self._notified_version = -1  # the live store's version --notify saw during a replay
         self.controls = RunControl(self)  # kill, restart, dump stacks…: one at a time
         self.views = ViewKeys(self)  # the step log's keys, the pager, zoom
-        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
+        self.offline_notes = OfflineNotes(self)  # "not connected to …" once, under the header
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
@@ -161,6 +161,7 @@ class DFlashApp(App[int]):
     # -- layout -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
+        yield OfflineNote(id="offline-note")  # "not connected to …", once (widgets/offline.py)
         with Horizontal(id="top"):
             with Pane(id="gpus-box", classes="box"):
                 yield Static("GPUs", classes="box-title")
