@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -26,7 +27,6 @@ from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
-from rich.text import Text
 
 from dflash_tui import sanitize, themes
 from dflash_tui.app_control import RunControl
