@@ -9,15 +9,25 @@ import json
 from pathlib import Path
 
 import pytest
-from app_scenarios import healthy
+from app_scenarios import NOW, RUN, healthy
 from monitor_helpers import typed_event
-from test_layout_keys import screen_text, scripted, until
+from test_layout_keys import fed, screen_text, scripted, until
+from textual.widgets import DataTable
 
+from dflash_tui.app import DFlashApp
 from dflash_tui.state import Store
 from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH
-from trainer.contract.protocol import Follow, HeartbeatEvent
+from dflash_tui.widgets.thread_table import (
+    COLUMNS,
+    NAME_NARROW,
+    WAITS_COLUMN,
+    ThreadsScreen,
+    fitted,
+)
+from trainer.contract.protocol import MAX_PROC_NAME, Follow, HeartbeatEvent
 
 ROOT = Path(__file__).resolve().parents[2]
+SIZES = [(80, 24), (120, 40), (160, 48)]  # the sizes issue 32 names
 H200_RUN = (
     ROOT / "tests" / "fixtures" / "rundirs" / "h200-schema2" / "20261201-052645-tiny-gpu-2735"
 )
@@ -77,3 +87,101 @@ def test_below_80x24_one_line_says_the_minimum_and_the_dashboard_comes_back(size
             assert "step=876" in back and "needs at least" not in back
 
     run(go())
+
+
+# -- the threads table ------------------------------------------------------------------
+
+
+def procs_event() -> dict:
+    """The run's process group as the agent sends it: command lines as long as the contract
+    keeps (MAX_PROC_NAME), a trainer, its worker children and the launch wrapper."""
+    trainer = "/usr/bin/python3 -u -m trainer --config /workspace/dflash/configs/qwen36.toml"
+    worker = "/usr/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main()"
+
+    def proc(pid: int, name: str, cpu: float, rss_gib: int) -> dict:
+        return {
+            "pid": pid,
+            "start": 1000 + pid,
+            "ppid": 4242,
+            "state": "S",
+            "name": name[:MAX_PROC_NAME],
+            "cpu_pct": cpu,
+            "rss": rss_gib << 30,
+            "threads": 4,
+        }
+
+    return {
+        "type": "procs",
+        "t": NOW,
+        "run_id": RUN,
+        "pgid": 4242,
+        "leader": 4242,
+        "procs": [
+            proc(4242, trainer, 512.3, 48),
+            *(proc(4250 + i, worker, 3.0, 2) for i in range(4)),
+        ],
+        "wrapper": proc(4241, "python3 -u -c BOOTSTRAP wrap", 0.1, 0),
+    }
+
+
+def table_text(app: DFlashApp) -> list[str]:
+    table = app.screen.query_one(DataTable)
+    return [str(c.label) for c in table.columns.values()]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_the_threads_table_keeps_its_important_columns_and_scrolls_sideways(size):
+    async def go():
+        app = scripted()
+        async with app.run_test(size=size) as pilot:
+            await fed(pilot, app, [*healthy(), procs_event()])
+            await pilot.press("T")
+            await until(pilot, lambda: isinstance(app.screen, ThreadsScreen))
+            await pilot.pause(0.3)
+            shown = table_text(app)
+            screen = screen_text(app)
+            # The name, its CPU, what it does and its role at every width, in table order.
+            assert [c for c in shown if c in ("name", "role", "state", "CPU %")] == [
+                "name",
+                "role",
+                "state",
+                "CPU %",
+            ]
+            every = [*COLUMNS, WAITS_COLUMN]
+            left_out = [c or "T/P" for c in every if c not in shown]
+            if left_out:  # said, with the way to see them
+                assert f"left out: {', '.join(left_out)}" in " ".join(screen.split()), screen
+                assert "(a: every column)" in " ".join(screen.split())
+            # Nothing cut at the right edge: the last column's header is whole on screen.
+            header = next(
+                ln for ln in screen.splitlines() if " name " in ln or ln.startswith(" name")
+            )
+            assert header.rstrip().endswith(shown[-1]), header
+            table = app.screen.query_one(DataTable)
+            assert table.max_scroll_x == 0  # fitted: no sideways scrolling needed
+            if size[0] < 160:
+                assert left_out
+                await pilot.press("a")  # every column, the table scrolls sideways
+                await pilot.pause(0.3)
+                assert table_text(app) == every
+                assert table.max_scroll_x > 0
+                for _ in range(5):
+                    await pilot.press("right")
+                await pilot.pause(0.2)
+                assert table.scroll_x > 0
+            else:
+                # 160 columns: what it does, for how long, its slowest stage and memory stay
+                assert set(left_out) <= {"T/P", "device"}, left_out
+
+    run(go())
+
+
+def test_fitting_drops_the_least_important_columns_first():
+    every = [*COLUMNS, WAITS_COLUMN]
+    widths = [1, 70, 8, 6, 14, 4, 5, 7, 14, 10, 12]
+    assert fitted(widths, 1000) == (list(range(len(every))), None)
+    shown, name_w = fitted(widths, 78)
+    names = [every[i] for i in shown]
+    assert name_w == NAME_NARROW and names[:2] == ["name", "role"]
+    assert "device" not in names and "" not in names and "CPU %" in names
+    assert sum((name_w if every[i] == "name" else widths[i]) + 2 for i in shown) <= 78
