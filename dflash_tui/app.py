@@ -81,6 +81,9 @@ class DFlashApp(App[int]):
         Binding("i", "run_info", "run info", show=False),
         Binding("g", "log_top", "top of log", show=False),
     ]
+    # Every screen gets -narrow below 100 columns (Textual sets the class): dialogs stack
+    # their buttons there (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (layout.NARROW_BELOW, "-wide")]
     REFRESH_S = 0.25  # an event's redraw waits this long for the rest of its burst
     AGES_S = 1.0  # "heartbeat 3s ago", time in phase, and findings that come with time
 

@@ -115,7 +115,7 @@ class SignalScreen(ModalScreen[str | None]):
     ]
     DEFAULT_CSS = """
     SignalScreen { align: center middle; }
-    SignalScreen > Vertical { width: 100; height: auto; border: thick $warning;
+    SignalScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $warning;
                               background: $surface; padding: 1 2; }
     SignalScreen Horizontal { height: auto; margin-top: 1; }
     SignalScreen Button { margin-right: 2; }

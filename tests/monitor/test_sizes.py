@@ -12,15 +12,18 @@ import pytest
 from app_scenarios import NOW, RUN, healthy
 from monitor_helpers import typed_event
 from test_layout_keys import fed, screen_text, scripted, until
-from textual.widgets import DataTable
+from textual.containers import Vertical
+from textual.widgets import Button, DataTable
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.state import Store
 from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH
+from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
 from dflash_tui.widgets.thread_table import (
     COLUMNS,
     NAME_NARROW,
     WAITS_COLUMN,
+    SignalScreen,
     ThreadsScreen,
     fitted,
 )
@@ -185,3 +188,48 @@ def test_fitting_drops_the_least_important_columns_first():
     assert name_w == NAME_NARROW and names[:2] == ["name", "role"]
     assert "device" not in names and "" not in names and "CPU %" in names
     assert sum((name_w if every[i] == "name" else widths[i]) + 2 for i in shown) <= 78
+
+
+# -- dialogs ----------------------------------------------------------------------------
+
+QUESTION = (
+    f"Restart run {RUN}? It is alive: it is killed first (SIGTERM to its process group, "
+    "then SIGKILL after 30 s), the GPU memory drained, and the same config launched again."
+)
+DIALOGS = {
+    "confirm": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
+    "restart": lambda: RestartScreen(
+        QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)", "newest good: 800"
+    ),
+    "signal": lambda: SignalScreen(
+        f"Signal pid 4242 (python3 -m trainer), the run's trainer (run {RUN})? The agent "
+        "sends it only if pid 4242 still lives, started at the same tick."
+    ),
+}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+@pytest.mark.parametrize("dialog", sorted(DIALOGS))
+def test_every_dialog_and_its_buttons_fit_on_screen(dialog, size):
+    async def go():
+        app = scripted()
+        async with app.run_test(size=size) as pilot:
+            await fed(pilot, app, healthy())
+            app.push_screen(DIALOGS[dialog]())
+            await pilot.pause(0.3)
+            screen = app.screen
+            box = screen.query_one(Vertical).region
+            assert box.x >= 0 and box.right <= size[0] and box.bottom <= size[1], box
+            buttons = list(screen.query(Button))
+            assert buttons or dialog == "confirm"  # the confirm asks by keys alone
+            for b in buttons:  # whole, inside the dialog: none past its edge or over another
+                r = b.region
+                assert r.width > 0 and box.x <= r.x and r.right <= box.right, (b.id, r, box)
+                assert r.bottom <= box.bottom, (b.id, r, box)
+                label = str(b.label)
+                assert label in screen_text(app), label
+            regions = [b.region for b in buttons]
+            assert not any(a.overlaps(b) for i, a in enumerate(regions) for b in regions[i + 1 :])
+            await pilot.press("escape")
+
+    run(go())
