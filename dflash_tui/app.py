@@ -124,6 +124,11 @@ class DFlashApp(App[int]):
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
             self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
+        # Only themes that meet WCAG AA for text, in the palette and for `t`: Textual's own
+        # fail (some at 1.9:1); a user's theme that fails is left out and said at start.
+        dropped = palette.keep_aa_themes(self)
+        self.dropped_themes = {n: why for n, why in dropped.items() if n in self.theme_specs}
+        self.theme_specs = {n: t for n, t in self.theme_specs.items() if n not in dropped}
         self.diagnosis = config_for(target.extra)
         # --theme, else the named target's (the user config's), else the one remembered
         self.theme = themes.starting_theme(theme_name, target.extra.get("theme"), self.theme_specs)
@@ -223,6 +228,12 @@ class DFlashApp(App[int]):
         with contextlib.suppress(NoMatches):
             self.query_one(StepLog).focus()
         palette.follow_theme(self, lambda: self.redraw(force=True))
+        for name, why in self.dropped_themes.items():
+            self.notify(
+                f"theme {name} left out: below WCAG AA ({'; '.join(why[:3])})",
+                severity="warning",
+                timeout=10,
+            )
         # z and Esc (Textual's maximize): the zoomed box takes the whole screen, and back.
         self.watch(self.screen_stack[0], "maximized", lambda _: self.apply_layout(), init=False)
         self.offline_notes.install()
