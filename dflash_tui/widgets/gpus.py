@@ -34,6 +34,7 @@ from trainer.contract.protocol import (
     GpuDevice,
 )
 
+HISTORY_MIN = 8  # a history's fewest cells worth keeping
 ROLE_COLOUR = {"target": "cyan", "drafter": "magenta", "prefetch": "yellow"}
 
 
@@ -122,6 +123,11 @@ class GpuPane(Static):
         if store is not None:
             self.update_from(store)
 
+    def on_resize(self) -> None:
+        store = getattr(self, "_store", None)
+        if store is not None:
+            self.update_from(store)
+
     def update_from(self, s: Store) -> None:
         self._store = s
         if self.compact and s.gpu is not None and s.gpu.state is None and s.gpu.devices:
@@ -157,8 +163,18 @@ class GpuPane(Static):
         clocks = any(d.sm_clock_mhz is not None or d.clock_reasons is not None for d in gpu.devices)
         if clocks:
             columns = (*columns[:6], ("clock", {"width": 10}), *columns[6:])
+        # Fitted to the pane: the histories first, then the clock give way, never a figure cut
+        # in half (at 120 columns the pane is ~70 wide: `40` was util 40% cut to two cells).
+        room = (self.size.width - 2) if self.size.width else 1000
+        keep = [name for name, _ in columns]
+        for name in ("memory history", "util history", "clock"):
+            fixed = sum(kw.get("width", HISTORY_MIN) + 1 for n, kw in columns if n in keep)
+            if fixed <= room or name not in keep:
+                continue
+            keep.remove(name)
         for col, kw in columns:
-            table.add_column(col, no_wrap=True, overflow="crop", **kw)
+            if col in keep:
+                table.add_column(col, no_wrap=True, overflow="crop", **kw)
         for d in gpu.devices:
             i = d.index
             role = roles.get(i, "")
@@ -191,5 +207,5 @@ class GpuPane(Static):
             ]
             if clocks:
                 cells.insert(6, clock_cell(d))
-            table.add_row(*cells)
+            table.add_row(*(c for (name, _), c in zip(columns, cells, strict=True) if name in keep))
         return table
