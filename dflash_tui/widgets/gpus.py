@@ -34,7 +34,7 @@ from trainer.contract.protocol import (
     GpuDevice,
 )
 
-HISTORY_MIN = 8  # a history's fewest cells worth keeping
+HISTORY_MIN = 4  # a history's fewest cells worth keeping (each column: +2 of padding)
 ROLE_COLOUR = {"target": "cyan", "drafter": "magenta", "prefetch": "yellow"}
 
 
@@ -94,18 +94,19 @@ def compact_line(s: Store) -> Text:
         line.append(spark([float(d.mem_used)], 1, float(d.mem_total or 1)), style=colour)
     used = span([d.mem_used / (1 << 30) for d in devices], "")
     line.append(f" {used}/{max(d.mem_total for d in devices) / (1 << 30):.0f}G")
+    for d in devices:  # the first device throttled for a fault or with ECC errors: early,
+        tag = clock_cell(d)  # as the line is cut at the pane's edge, not wrapped
+        if d.ecc_uncorrected or any(sp.style == "bold red" for sp in tag.spans):
+            line.append(f"  GPU {d.index}", style="bold red")
+            line.append_text(tag[tag.plain.index(" ") :] if " " in tag.plain else tag)
+            break
     powers = [d.power_w for d in devices if d.power_w is not None]
     temps = [float(d.temp_c) for d in devices if d.temp_c is not None]
     if powers:
         line.append("  " + span(powers, "W"))
     if temps:
         line.append(" " + span(temps, "C"))
-    for d in devices:  # the first device that is throttled for a fault or has ECC errors
-        tag = clock_cell(d)
-        if d.ecc_uncorrected or any(sp.style == "bold red" for sp in tag.spans):
-            line.append(f"  GPU {d.index}", style="bold red")
-            line.append_text(tag[tag.plain.index(" ") :] if " " in tag.plain else tag)
-            break
+    line.no_wrap, line.overflow = True, "ellipsis"
     return line
 
 
@@ -168,7 +169,7 @@ class GpuPane(Static):
         room = (self.size.width - 2) if self.size.width else 1000
         keep = [name for name, _ in columns]
         for name in ("memory history", "util history", "clock"):
-            fixed = sum(kw.get("width", HISTORY_MIN) + 1 for n, kw in columns if n in keep)
+            fixed = sum(kw.get("width", HISTORY_MIN) + 2 for n, kw in columns if n in keep)
             if fixed <= room or name not in keep:
                 continue
             keep.remove(name)

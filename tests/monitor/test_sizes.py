@@ -17,7 +17,7 @@ from textual.widgets import Button, DataTable
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.state import Store
-from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH
+from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH, plan
 from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
 from dflash_tui.widgets.thread_table import (
     COLUMNS,
@@ -231,5 +231,40 @@ def test_every_dialog_and_its_buttons_fit_on_screen(dialog, size):
             regions = [b.region for b in buttons]
             assert not any(a.overlaps(b) for i, a in enumerate(regions) for b in regions[i + 1 :])
             await pilot.press("escape")
+
+    run(go())
+
+
+# -- the GPUs, from a real local agent over the NVML stand-in ---------------------------
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_the_gpu_pane_is_on_screen_at_every_size_on_a_gpu_host(
+    size, local_target, fake_gpu, monkeypatch
+):
+    """At 80x24 on an H200 host the GPUs were an empty black region: here the real agent
+    samples 8 stand-in H200s (one throttled for heat) and the pane shows them at each size,
+    a row per device where the rows allow, else one line, whole figures either way."""
+    _, gpu = fake_gpu(devices=8)
+    for i in range(8):
+        gpu.set_device(i, util=60 + i, power_w=300.0 + i, temp_c=50 + i)
+    gpu.set_device(5, sm_clock_mhz=1410, clocks_event_reasons=0x40, temp_c=91)
+    for k, v in gpu.env.items():
+        monkeypatch.setenv(k, v)
+
+    async def go():
+        app = DFlashApp(local_target, theme_name="dark")
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: "/140G" in screen_text(app), timeout=30)
+            screen = screen_text(app)
+            if plan(*size).gpus_compact:
+                line = next(ln for ln in screen.splitlines() if "8× H200" in ln)
+                assert "util " in line and "60–67%" in line and "300–307W" in line, line
+                assert "GPU 5 thm" in line, line  # the throttled one, named
+            else:
+                devices = [ln for ln in screen.splitlines() if "/140G" in ln]
+                assert len(devices) == 8, screen
+                assert all(f"{60 + i}%" in ln for i, ln in enumerate(devices)), devices
+                assert all(f"{50 + i}C" in ln or "91C" in ln for i, ln in enumerate(devices))
 
     run(go())
