@@ -303,6 +303,9 @@ class DFlashApp(App[int]):
         self.query_one(StagePane).update_from(s)
         self.query_one(StepLog).update_from(s)
         self.query_one(RanksPane).update_from(s, rank_marks(s, self.clock(), self.diagnosis))
+        if bool(s.ranks) != self._ranks_run:  # a processes-mode job: the ranks pane, or why not
+            self._ranks_run = bool(s.ranks)
+            self.apply_layout()
         findings = diagnose(s, self.clock(), self.diagnosis)
         self.query_one(AlertsPane).update_findings(findings)
         if self.notifier is not None:
@@ -311,6 +314,7 @@ class DFlashApp(App[int]):
         self._log_title()
 
     _shown_log_title: object = None
+    _ranks_run = False
 
     def _log_title(self) -> None:
         title = self.query_one(StepLog).title()

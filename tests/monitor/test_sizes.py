@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from app_scenarios import NOW, RUN, healthy
 from monitor_helpers import typed_event
+from rank_fixtures import events, now_of
 from test_layout_keys import fed, screen_text, scripted, until
 from textual.containers import Vertical
 from textual.widgets import Button, DataTable
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.state import Store
+from dflash_tui.targets import Target
 from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH, plan
 from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
 from dflash_tui.widgets.thread_table import (
@@ -31,6 +33,7 @@ from trainer.contract.protocol import MAX_PROC_NAME, Follow, HeartbeatEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [(80, 24), (120, 40), (160, 48)]  # the sizes issue 32 names
+CONNECTED = {"type": "link", "state": "connected", "target": "cpu-box", "version": 3}
 H200_RUN = (
     ROOT / "tests" / "fixtures" / "rundirs" / "h200-schema2" / "20261201-052645-tiny-gpu-2735"
 )
@@ -266,5 +269,27 @@ def test_the_gpu_pane_is_on_screen_at_every_size_on_a_gpu_host(
                 assert len(devices) == 8, screen
                 assert all(f"{60 + i}%" in ln for i, ln in enumerate(devices)), devices
                 assert all(f"{50 + i}C" in ln or "91C" in ln for i, ln in enumerate(devices))
+
+    run(go())
+
+
+# -- a processes-mode job's ranks ---------------------------------------------------------
+
+
+def test_a_processes_mode_jobs_ranks_are_named_when_there_is_no_room_for_them():
+    """A real 4-rank job's heartbeats (tests/fixtures/ranks/slow-drafter) at 80x24: no room
+    for the ranks pane, and the step log's border says so; a threads-mode run's note has no
+    ranks in it (test_every_size_keeps_phase_step_alerts_queues_and_help)."""
+    name = "slow-drafter"
+
+    async def go():
+        target = Target(name="cpu-box", kind="ssh", host="cpu-box")
+        app = DFlashApp(target, connect=False, clock=lambda: now_of(name))
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.feed(typed_event({**CONNECTED, "t": now_of(name)}))
+            for e in events(name):
+                app.feed(typed_event(e))
+            await until(pilot, lambda: "Ranks (30+ rows)" in screen_text(app))
+            assert "hidden: Heartbeat (30+ rows) · Ranks (30+ rows) · Stages" in screen_text(app)
 
     run(go())
