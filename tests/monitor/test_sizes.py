@@ -293,3 +293,36 @@ def test_a_processes_mode_jobs_ranks_are_named_when_there_is_no_room_for_them():
             assert "hidden: Heartbeat (30+ rows) · Ranks (30+ rows) · Stages" in screen_text(app)
 
     run(go())
+
+
+# -- zoom -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("box_id", "size"), [("#plots-box", (160, 48)), ("#gpus-box", (80, 24))])
+def test_z_gives_the_focused_pane_the_whole_screen_and_back(box_id, size):
+    """The plots' height and the GPUs' compact row are set for the layout; zoomed, each takes
+    the screen (no `╱` hatching round a small box), the GPUs a row per device again."""
+
+    async def go():
+        app = scripted()
+        async with app.run_test(size=size) as pilot:
+            await fed(pilot, app, healthy())
+            box = app.query_one(box_id)
+            small = box.region
+            box.focus()
+            await pilot.press("z")
+            await until(pilot, lambda: app.screen.maximized is box)
+            await pilot.pause(0.3)
+            screen = screen_text(app)
+            assert "╱" not in screen, screen
+            assert box.region.width == size[0] and box.region.height >= size[1] - 2, box.region
+            if box_id == "#gpus-box":
+                assert len([ln for ln in screen.splitlines() if "/140G" in ln]) == 8, screen
+            await pilot.press("z")
+            await until(pilot, lambda: app.screen.maximized is None)
+            await pilot.pause(0.3)
+            assert box.region == small  # back where the layout puts it
+            if box_id == "#gpus-box":
+                assert "8× H200  util " in screen_text(app)
+
+    run(go())
