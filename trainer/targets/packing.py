@@ -134,7 +134,23 @@ def fla_available() -> bool:
     return True
 
 
-def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+def gdn_gates(m: Any, flat: Tensor) -> tuple[Tensor, Tensor]:
+    """A GatedDeltaNet's per-head write strength (beta) and decay (g), as HF computes them."""
+    beta = m.in_proj_b(flat).sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    return beta, g
+
+
+def gdn_output(m: Any, flat: Tensor, out: Tensor) -> Tensor:
+    """A GatedDeltaNet's gated RMSNorm of the delta rule's output, then its out_proj."""
+    z = m.in_proj_z(flat)
+    normed = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+    return m.out_proj(normed.reshape(flat.shape[0], flat.shape[1], -1))
+
+
+def gated_deltanet_fla(
+    m: Any, x: Tensor, bounds: DocBounds, parts: HybridLayerParts | None = None
+) -> Tensor:
     """HF's Qwen3.5 GatedDeltaNet forward (transformers 5.17-5.24: same weights, same order
     of operations) on the whole batch flattened to one sequence, with fla's kernels given
     the documents' `cu_seqlens`: its causal conv and its chunked delta rule both restart at
@@ -158,21 +174,22 @@ def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
     q = q.reshape(1, T, -1, m.head_k_dim)
     k = k.reshape(1, T, -1, m.head_k_dim)
     v = v.reshape(1, T, -1, m.head_v_dim)
-    beta = m.in_proj_b(flat).sigmoid()
-    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    gates = gdn_gates if parts is None else parts.gates
+    beta, g = gates(m, flat)
     out, _ = chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
     )
-    z = m.in_proj_z(flat)
-    out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
-    return m.out_proj(out.reshape(1, T, -1)).view(shape)
+    output = gdn_output if parts is None else parts.output
+    return output(m, flat, out).view(shape)
 
 
-def gated_deltanet_packed(module: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+def gated_deltanet_packed(
+    module: Any, x: Tensor, bounds: DocBounds, parts: HybridLayerParts | None = None
+) -> Tensor:
     """HF's Qwen3.5 GatedDeltaNet on a packed [B, S, H] input, documents kept apart: fla's
     kernels with the boundaries on CUDA, else each document alone through HF's own layer."""
     if x.device.type == "cuda" and fla_available():
-        return gated_deltanet_fla(module, x, bounds)
+        return gated_deltanet_fla(module, x, bounds, parts)
     return bounds.per_document(module, x)
 
 
@@ -182,7 +199,7 @@ def hybrid_layer_packed(
     """One Qwen3.5 linear-attention decoder layer, as HF's, with the packed token mixer.
     `parts`: its norm and MLP compiled (`target.compile`); the token mixer stays eager."""
     norm_in = layer.input_layernorm if parts is None else parts.norm_in
-    h = gated_deltanet_packed(layer.linear_attn, norm_in(hidden), bounds)
+    h = gated_deltanet_packed(layer.linear_attn, norm_in(hidden), bounds, parts)
     if parts is not None:
         return parts.residual_mlp(layer, hidden, h)
     return residual_mlp(layer, hidden, h)
@@ -196,15 +213,19 @@ def residual_mlp(layer: Any, residual: Tensor, mixed: Tensor) -> Tensor:
 
 class HybridLayerParts:
     """A Gated DeltaNet layer's elementwise-heavy pieces compiled (`target.compile`): its
-    input RMSNorm, and the residuals with the post-attention RMSNorm and the SwiGLU MLP
-    around the MLP's GEMMs. On the H200 the 27B shape's eager forward spent 14.5 of 50.8 ms
-    (8 layers) in unfused elementwise kernels (`bench/hybrid_forward.py --profile`). fla's
-    kernels in between stay eager: their host-side chunk indexing varies with the row's
-    documents and would recompile. Both pieces see one static shape per bucket, and dynamo
-    shares one graph across the layers (their weights are graph inputs)."""
+    input RMSNorm; the gates (beta, g); the gated RMSNorm of the delta rule's output with
+    out_proj (nine fp32 elementwise kernels over [tokens, 6144] on the 27B shape, eager);
+    and the residuals with the post-attention RMSNorm and the SwiGLU MLP around the MLP's
+    GEMMs. On the H200 the 27B shape's eager forward spent 14.5 of 50.8 ms (8 layers) in
+    unfused elementwise kernels (`bench/hybrid_forward.py --profile`). fla's kernels in
+    between stay eager: their host-side chunk indexing varies with the row's documents and
+    would recompile. Each piece sees one static shape per bucket, and dynamo shares one
+    graph across the layers (their weights are graph inputs)."""
 
     def __init__(self, layer: Any) -> None:
         self.norm_in = torch.compile(layer.input_layernorm, dynamic=False)
+        self.gates = torch.compile(gdn_gates, dynamic=False)
+        self.output = torch.compile(gdn_output, dynamic=False)
         self.residual_mlp = torch.compile(residual_mlp, dynamic=False)
 
 
