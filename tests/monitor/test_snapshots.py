@@ -66,7 +66,7 @@ def test_alert_state_from_the_seed_scenarios(snap_compare):
 # -- every screen at the sizes issue 32 names ----------------------------------------------
 # One theme: the themes' colours are the snapshots above; these are about what fits. Each
 # opens its screen over the healthy dashboard (tests/monitor/test_sizes.py asserts the same
-# layouts as text). 24 cases: ~70 s on one loaded core, a few seconds each.
+# layouts as text). 24 cases: ~45 s on a loaded 2-core machine (27 took 46 s), ~2 s each.
 ISSUE_SIZES = [(80, 24), (120, 40), (160, 48)]
 RUN_QUESTION = f"Restart run {RUN}? It is alive: it is killed first, then launched again."
 
