@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -42,7 +43,7 @@ from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
-from dflash_tui.widgets.offline import OfflineNotes
+from dflash_tui.widgets.offline import OfflineNote, OfflineNotes
 from dflash_tui.widgets.panes import Box, Pane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
@@ -81,6 +82,9 @@ class DFlashApp(App[int]):
         Binding("i", "run_info", "run info", show=False),
         Binding("g", "log_top", "top of log", show=False),
     ]
+    # Every screen gets -narrow below 100 columns (Textual sets the class): dialogs stack
+    # their buttons there (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (layout.NARROW_BELOW, "-wide")]
     REFRESH_S = 0.25  # an event's redraw waits this long for the rest of its burst
     AGES_S = 1.0  # "heartbeat 3s ago", time in phase, and findings that come with time
 
@@ -116,11 +120,16 @@ class DFlashApp(App[int]):
         self._notified_version = -1  # the live store's version --notify saw during a replay
         self.controls = RunControl(self)  # kill, restart, dump stacks…: one at a time
         self.views = ViewKeys(self)  # the step log's keys, the pager, zoom
-        self.offline_notes = OfflineNotes(self)  # "not connected to …" above every pane
+        self.offline_notes = OfflineNotes(self)  # "not connected to …" once, under the header
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
             self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
+        # Only themes that meet WCAG AA for text, in the palette and for `t`: Textual's own
+        # fail (some at 1.9:1); a user's theme that fails is left out and said at start.
+        dropped = palette.keep_aa_themes(self)
+        self.dropped_themes = {n: why for n, why in dropped.items() if n in self.theme_specs}
+        self.theme_specs = {n: t for n, t in self.theme_specs.items() if n not in dropped}
         self.diagnosis = config_for(target.extra)
         # --theme, else the named target's (the user config's), else the one remembered
         self.theme = themes.starting_theme(theme_name, target.extra.get("theme"), self.theme_specs)
@@ -162,6 +171,7 @@ class DFlashApp(App[int]):
     # -- layout -----------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield StatusBar(id="status")
+        yield OfflineNote(id="offline-note")  # "not connected to …", once (widgets/offline.py)
         with Horizontal(id="top"):
             with Pane(id="gpus-box", classes="box"):
                 yield Static("GPUs", classes="box-title")
@@ -193,11 +203,25 @@ class DFlashApp(App[int]):
             yield Plots(id="plots")
         yield FilterBar(self.views.apply_filter, id="filter-bar")
         yield Footer(compact=True)
+        yield Static(id="too-small")  # below 80x24: the only thing shown (app.tcss)
 
     def on_resize(self, event: events.Resize) -> None:
-        # Essentials first (widgets/layout.py): the stage bars, the GPUs and the plots give
-        # way on a small terminal. The dashboard is the first screen, whatever is over it.
-        layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
+        self.apply_layout(event.size.width, event.size.height)
+
+    def apply_layout(self, width: int | None = None, height: int | None = None) -> None:
+        """Essentials first (widgets/layout.py): the heartbeat, the stage bars and the plots
+        give way on a small terminal, and below the minimum one line says so. The dashboard
+        is the first screen, whatever is over it; a replay lays out the same panes."""
+        width = self.size.width if width is None else width
+        height = self.size.height if height is None else height
+        plan, small = layout.plan(width, height), layout.too_small(width, height)
+        for screen in self.screen_stack:
+            if screen is not self.screen_stack[0] and not isinstance(screen, ReplayScreen):
+                continue
+            with contextlib.suppress(NoMatches):
+                layout.apply(screen, plan)
+                screen.set_class(small is not None, "too-small")
+                screen.query_one("#too-small", Static).update(Text(small or ""))
 
     def on_mount(self) -> None:
         # The step log has the focus from the start (its keys: j k g G, paging). Not by
@@ -206,6 +230,14 @@ class DFlashApp(App[int]):
         with contextlib.suppress(NoMatches):
             self.query_one(StepLog).focus()
         palette.follow_theme(self, lambda: self.redraw(force=True))
+        for name, why in self.dropped_themes.items():
+            self.notify(
+                f"theme {name} left out: below WCAG AA ({'; '.join(why[:3])})",
+                severity="warning",
+                timeout=10,
+            )
+        # z and Esc (Textual's maximize): the zoomed box takes the whole screen, and back.
+        self.watch(self.screen_stack[0], "maximized", lambda _: self.apply_layout(), init=False)
         self.offline_notes.install()
         self.set_interval(self.AGES_S, self.redraw)
         if self.connect:
@@ -273,6 +305,9 @@ class DFlashApp(App[int]):
         self.query_one(StagePane).update_from(s)
         self.query_one(StepLog).update_from(s)
         self.query_one(RanksPane).update_from(s, rank_marks(s, self.clock(), self.diagnosis))
+        if bool(s.ranks) != self._ranks_run:  # a processes-mode job: the ranks pane, or why not
+            self._ranks_run = bool(s.ranks)
+            self.apply_layout()
         findings = diagnose(s, self.clock(), self.diagnosis)
         self.query_one(AlertsPane).update_findings(findings)
         if self.notifier is not None:
@@ -281,6 +316,7 @@ class DFlashApp(App[int]):
         self._log_title()
 
     _shown_log_title: object = None
+    _ranks_run = False
 
     def _log_title(self) -> None:
         title = self.query_one(StepLog).title()

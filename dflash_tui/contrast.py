@@ -9,6 +9,9 @@ from __future__ import annotations
 
 TEXT_AA = 4.5
 UI_AA = 3.0
+# A theme's colours that carry text, and what they are drawn on (Textual's theme names).
+TEXT_COLOURS = ("foreground", "primary", "secondary", "accent", "success", "warning", "error")
+BACKGROUNDS = ("background", "surface", "panel")
 
 RGB = tuple[int, int, int]
 
@@ -43,3 +46,18 @@ def ratio(a: RGB, b: RGB) -> float:
 def blend(fg: RGB, bg: RGB, alpha: float) -> RGB:
     """`fg` at `alpha` over `bg`, as a CSS `$primary 40%` is drawn."""
     return tuple(round(f * alpha + b * (1 - alpha)) for f, b in zip(fg, bg, strict=True))  # type: ignore[return-value]
+
+
+def text_failures(colours: dict[str, RGB]) -> list[str]:
+    """`primary on panel: 3.0:1` for each text colour below TEXT_AA on a background; a
+    colour the theme lacks is `missing`."""
+    out = []
+    for fg in TEXT_COLOURS:
+        for bg in BACKGROUNDS:
+            if fg not in colours or bg not in colours:
+                out.append(f"{fg} on {bg}: missing")
+                continue
+            r = ratio(colours[fg], colours[bg])
+            if r < TEXT_AA:
+                out.append(f"{fg} on {bg}: {r:.1f}:1")
+    return out

@@ -25,7 +25,7 @@ from dflash_tui.link.events import LinkStatus, Rtt, SinkEvent
 from trainer.contract.evaluation import EvalInfo
 from trainer.contract.heartbeat import Heartbeat, ThreadInfo, parse_heartbeat, upgrade_note
 from trainer.contract.outcomes import RUNNING, UNKNOWN, Outcome, outcome_of
-from trainer.contract.phases import FINAL_PHASES
+from trainer.contract.phases import FINAL_PHASES, TRAINING
 from trainer.contract.protocol import (
     CLOCK_REASON_NAMES,
     Follow,
@@ -354,6 +354,13 @@ class Store:
         outcome = self.outcome()
         if outcome is not None:
             return outcome.word, age if phase in FINAL_PHASES else None
+        hb = self.heartbeat
+        if phase == TRAINING and hb is not None:
+            # Training's time counts from its first visit: a checkpoint is a pause in it,
+            # not a new start (the header said `training 12s` after every save).
+            first = next((v for v in hb.phase_history if v.phase == TRAINING), None)
+            if first is not None and first.started_at:
+                age = max(0.0, self.remote_now() - first.started_at)
         return phase, age
 
     def heartbeat_note(self) -> str | None:

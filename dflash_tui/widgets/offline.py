@@ -1,9 +1,10 @@
-"""The "not connected" note above every pane (dflash_tui/offline.py says what it reads).
+"""The "not connected" note (dflash_tui/offline.py says what it reads).
 
-One note per pane, mounted above it in its box, so the panes themselves stay as they are:
-while the link is down each note says so, and why; a pane that never had a connection (so
-nothing of its own but an empty state that would mislead) is hidden behind its note; a pane
-whose connection was lost keeps its last picture under the note.
+One note, under the header, while the link is down: what it says, why, and when the link
+tries again. A pane that never had a connection (nothing of its own but an empty state that
+would mislead: "waiting for GPU samples…") is hidden behind a short blank that points at the
+note; a pane whose connection was lost keeps its last picture. The note is said once, not in
+every pane: six copies of it were all a small terminal showed.
 """
 
 from __future__ import annotations
@@ -35,28 +36,41 @@ PANES: tuple[type[Widget], ...] = (
 
 
 class OfflineNote(Static):
+    """The one note, composed by the app under its header (hidden while connected)."""
+
     DEFAULT_CSS = """
-    OfflineNote { height: auto; padding: 0 1; color: $warning; text-style: bold; }
+    OfflineNote { height: auto; padding: 0 1; color: $warning; text-style: bold;
+                  background: $panel; }
     """
+
+
+class OfflineBlank(Static):
+    """What a pane that never had a connection shows instead of its empty state."""
+
+    DEFAULT_CSS = """
+    OfflineBlank { height: auto; padding: 0 1; color: $foreground 75%; }
+    """
+
+    TEXT = "— no data yet"
 
 
 class OfflineNotes:
     def __init__(self, app: App[int]) -> None:
         self.app = app
-        self.notes: list[tuple[Widget, OfflineNote]] = []
+        self.blanks: list[tuple[Widget, OfflineBlank]] = []
         self._shown: tuple[str | None, bool] | None = None
 
     def install(self) -> None:
-        """A hidden note above each pane; call once the panes are composed."""
+        """A hidden blank above each pane; call once the panes are composed."""
         for kind in PANES:
             for pane in self.app.query(kind):
                 box = pane.parent
                 if not isinstance(box, Widget):
                     continue
-                note = OfflineNote(classes="offline-note")
-                note.display = False
-                box.mount(note, before=pane)
-                self.notes.append((pane, note))
+                blank = OfflineBlank(safe.text(OfflineBlank.TEXT))
+                blank.display = False
+                box.mount(blank, before=pane)
+                self.blanks.append((pane, blank))
 
     def update(self, s: Store) -> None:
         text = offline.not_connected(s)
@@ -64,8 +78,11 @@ class OfflineNotes:
         if (text, never) == self._shown:
             return  # the same words: no refresh (called on every redraw tick)
         self._shown = (text, never)
-        for pane, note in self.notes:
-            note.display = text is not None
-            if text is not None:
-                note.update(safe.text(text))  # quotes the link's detail: the host's words
-            pane.display = text is None or not never
+        note = self.app.screen_stack[0].query_one(OfflineNote)
+        note.display = text is not None
+        if text is not None:
+            note.update(safe.text(text))  # quotes the link's detail: the host's words
+        for pane, blank in self.blanks:
+            hide = text is not None and never
+            blank.display = hide
+            pane.display = not hide

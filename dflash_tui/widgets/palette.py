@@ -15,7 +15,10 @@ from typing import Any
 
 from rich.terminal_theme import TerminalTheme
 from textual.app import App
-from textual.color import Color
+from textual.color import Color, ColorParseError
+from textual.theme import Theme
+
+from dflash_tui import contrast
 
 # The order series take their colour in: the first plot line of a panel is primary.
 SERIES = ("primary", "accent", "success", "secondary", "warning", "error")
@@ -68,3 +71,30 @@ def follow_theme(app: App[Any], redraw: Callable[[], None]) -> None:
 
     apply()
     app.theme_changed_signal.subscribe(app, changed)
+
+
+def aa_failures(theme: Theme) -> list[str]:
+    """Where `theme`'s text falls below WCAG AA, with Textual's own derivation of the colours
+    it leaves out (a surface from its background, …); [] when it passes."""
+    resolved = theme.to_color_system().generate()
+    colours: dict[str, contrast.RGB] = {}
+    for name in (*contrast.TEXT_COLOURS, *contrast.BACKGROUNDS):
+        try:
+            colour = Color.parse(resolved[name])
+        except (KeyError, ColorParseError):
+            continue  # ansi_default and the like: no fixed colour, so no contrast to promise
+        colours[name] = colour.rgb
+    return contrast.text_failures(colours)
+
+
+def keep_aa_themes(app: App[Any]) -> dict[str, list[str]]:
+    """Unregister every theme below WCAG AA (Textual's own, some at 1.9:1, and any user
+    theme), so that neither the command palette nor `t` offers it; {name: why} of those
+    left out."""
+    dropped = {}
+    for name, theme in list(app.available_themes.items()):
+        failures = aa_failures(theme)
+        if failures:
+            app.unregister_theme(name)
+            dropped[name] = failures
+    return dropped

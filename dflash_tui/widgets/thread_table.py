@@ -31,6 +31,45 @@ from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 COLUMNS = ("", "name", "role", "device", "state", "for", "CPU %", "RSS", "slowest stage", "loop")
 WAITS_COLUMN = "waits on"
 REFRESH_S = 1.0
+# Which columns give way first on a narrow terminal (the highest number first): the name,
+# its CPU and what it does now stay; the kind letter (T/P), the device, the loop go first.
+# `a` shows every column, the table then scrolling sideways (← →).
+PRIORITY = {
+    "name": 0,
+    "CPU %": 1,
+    "state": 2,
+    "role": 3,
+    WAITS_COLUMN: 4,
+    "for": 5,
+    "slowest stage": 6,
+    "RSS": 7,
+    "loop": 8,
+    "device": 9,
+    "": 10,
+}
+NAME_NARROW = 28  # a process's command line is cut to this before any column is dropped
+CELL_PAD = 2  # DataTable's cell padding, both sides
+
+
+def fitted(widths: list[int], width: int) -> tuple[list[int], int | None]:
+    """The columns (their indices, in table order) whose natural `widths` fit in `width`
+    cells, dropping the least important first; and the name column's width when it is cut
+    (None: its own)."""
+    headers = [*COLUMNS, WAITS_COLUMN]
+    shown = list(range(len(headers)))
+    name = headers.index("name")
+
+    def total(cols: list[int], name_w: int) -> int:
+        return sum((name_w if i == name else widths[i]) + CELL_PAD for i in cols)
+
+    if total(shown, widths[name]) <= width:
+        return shown, None
+    name_w = min(widths[name], max(NAME_NARROW, width - total([i for i in shown if i != name], 0)))
+    for i in sorted(shown, key=lambda i: -PRIORITY[headers[i]]):
+        if total(shown, name_w) <= width or i == name:
+            break
+        shown.remove(i)
+    return shown, name_w if name_w < widths[name] else None
 
 
 def _thread_cells(r: thread_table.ThreadRow) -> tuple[Any, ...]:
@@ -78,7 +117,7 @@ class SignalScreen(ModalScreen[str | None]):
     ]
     DEFAULT_CSS = """
     SignalScreen { align: center middle; }
-    SignalScreen > Vertical { width: 100; height: auto; border: thick $warning;
+    SignalScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $warning;
                               background: $surface; padding: 1 2; }
     SignalScreen Horizontal { height: auto; margin-top: 1; }
     SignalScreen Button { margin-right: 2; }
@@ -113,6 +152,7 @@ class ThreadsScreen(Screen[None]):
         Binding("escape,q", "app.pop_screen", "back"),
         Binding("s", "sort", "sort"),
         Binding("slash", "filter", "filter"),
+        Binding("a", "all_columns", "all columns"),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
     ]
@@ -126,7 +166,9 @@ class ThreadsScreen(Screen[None]):
         super().__init__()
         self.sort = thread_table.SORTS[0]
         self.filter_text = ""
-        self._drawn: tuple[int, str, str] | None = None
+        self.all_columns = False  # `a`: every column, scrolled sideways, none dropped
+        self._drawn: tuple[int, str, str, int, bool] | None = None
+        self._columns: tuple[tuple[int, ...], int | None] | None = None
         self.rows: dict[str, thread_table.ThreadRow | thread_table.ProcRow] = {}
 
     @property
@@ -144,7 +186,6 @@ class ThreadsScreen(Screen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns(*COLUMNS, WAITS_COLUMN)
         self.refresh_rows()
         self.set_interval(REFRESH_S, self.refresh_rows)
         table.focus()
@@ -152,28 +193,57 @@ class ThreadsScreen(Screen[None]):
     def refresh_rows(self, force: bool = False) -> None:
         store = self.dapp.store
         self.query_one("#meters", Static).update(Text("\n".join(thread_table.meters(store.host))))
-        state = (store.version, self.sort, self.filter_text)
+        state = (store.version, self.sort, self.filter_text, self.size.width, self.all_columns)
         if not force and state == self._drawn:
             return
         self._drawn = state
-        note = safe.text(thread_table.group_note(store))
-        note.append(f"  · sorted by {self.sort} (s)", style="dim")
-        if self.filter_text:
-            note.append("  · filter ")
-            note.append(safe.text(self.filter_text))  # the operator's words, as typed
-        self.query_one("#group", Static).update(note)
         threads, procs = thread_table.thread_rows(store), thread_table.proc_rows(store)
         threads, procs = thread_table.filter_rows(threads, procs, self.filter_text)
         threads, procs = thread_table.sort_rows(threads, procs, self.sort)
         table = self.query_one(DataTable)
         keep = self._cursor_key(table)
-        table.clear()
-        self.rows = {}
         rows: list[thread_table.ThreadRow | thread_table.ProcRow] = [*threads, *procs]
-        for r in rows:
-            cells = _thread_cells(r) if isinstance(r, thread_table.ThreadRow) else _proc_cells(r)
-            table.add_row(*cells, key=r.key)
+        cells = [
+            _thread_cells(r) if isinstance(r, thread_table.ThreadRow) else _proc_cells(r)
+            for r in rows
+        ]
+        headers = [*COLUMNS, WAITS_COLUMN]
+        widths = [
+            max([len(h)] + [Text(c).cell_len if isinstance(c, str) else c.cell_len for c in col])
+            for h, col in zip(
+                headers, zip(*cells, strict=True) if cells else [()] * len(headers), strict=True
+            )
+        ]
+        room = (self.size.width or 1000) - 2  # its vertical scrollbar
+        shown, name_w = (
+            (list(range(len(headers))), None) if self.all_columns else fitted(widths, room)
+        )
+        columns = (tuple(shown), name_w)
+        if columns != self._columns:  # the column set changed: the table anew
+            self._columns = columns
+            table.clear(columns=True)
+            for i in shown:
+                cut = name_w if headers[i] == "name" else None
+                table.add_column(headers[i], width=cut, key=headers[i] or "kind")
+        else:
+            table.clear()
+        self.rows = {}
+        for r, row in zip(rows, cells, strict=True):
+            table.add_row(*(row[i] for i in shown), key=r.key)
             self.rows[r.key] = r
+        note = safe.text(thread_table.group_note(store))
+        note.append(f"  · sorted by {self.sort} (s)", style="dim")
+        if self.filter_text:
+            note.append("  · filter ")
+            note.append(safe.text(self.filter_text))  # the operator's words, as typed
+        hidden = [headers[i] or "T/P" for i in range(len(headers)) if i not in shown]
+        if hidden or name_w is not None:  # what the narrow terminal left out, and the way back
+            said = [f"left out: {', '.join(hidden)}"] if hidden else []
+            said += [f"names cut to {name_w}"] if name_w is not None else []
+            note.append(f"  ·  {'; '.join(said)} (a: every column)", "bold")
+        elif self.all_columns:
+            note.append("  ·  every column: ← → scroll sideways", "bold")
+        self.query_one("#group", Static).update(note)
         if keep in self.rows:
             table.move_cursor(row=list(self.rows).index(keep))
 
@@ -200,6 +270,17 @@ class ThreadsScreen(Screen[None]):
         self.refresh_rows(force=True)
         return None
 
+    def on_resize(self) -> None:
+        self.refresh_rows()
+
+    def action_all_columns(self) -> None:
+        self.all_columns = not self.all_columns
+        self.refresh_rows(force=True)
+        self.dapp.notify(
+            "every column: ← → scroll sideways" if self.all_columns else "columns fitted",
+            timeout=2,
+        )
+
     def action_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()
 
@@ -215,7 +296,7 @@ class ThreadsScreen(Screen[None]):
         elif isinstance(row, thread_table.ProcRow):
             self.dapp.notify(
                 f"pid {row.info.pid} is the launch wrapper, in a process group of its own: "
-                "not signalled from here (k stops the run; the wrapper then exits)",
+                "not signalled from here (K stops the run; the wrapper then exits)",
                 severity="warning",
                 timeout=8,
             )

@@ -110,8 +110,13 @@ def test_every_size_keeps_phase_step_alerts_queues_and_help(size):
             assert "nothing wrong" in screen and "q_hs[0]" in screen and "step=876" in screen
             assert "? help" in screen.splitlines()[-1] and "q quit" in screen.splitlines()[-1]
             shown = plan(*size)
-            assert ("GPUs" in screen) == shown.top
+            assert "GPUs" in screen  # at every size: a row per device, or one line for all
+            assert ("8× H200  util " in screen) == shown.gpus_compact
+            assert ("│ Heartbeat" in screen) == shown.heartbeat
             assert app.query_one("#plots-box").display == shown.plots
+            # A pane left out says so, with the rows it needs, on the log's bottom border.
+            for name, rows in shown.hidden():
+                assert f"{name} ({rows}+ rows)" in screen
             if size[0] >= 160:  # room for the whole run id
                 assert RUN in header
 
@@ -120,9 +125,12 @@ def test_every_size_keeps_phase_step_alerts_queues_and_help(size):
 
 def test_the_plan_gives_way_in_priority_order():
     small, medium, large = plan(80, 24), plan(120, 40), plan(240, 60)
-    assert small.narrow and not small.top and not small.stages and not small.plots
-    assert not medium.narrow and medium.top and medium.stages and not medium.plots
-    assert large.top and large.stages and large.plots and large.plots_rows > 13
+    assert small.narrow and small.gpus_compact and not small.heartbeat
+    assert not small.stages and not small.plots
+    assert not medium.narrow and medium.heartbeat and medium.stages and not medium.plots
+    assert large.heartbeat and large.stages and large.plots and large.plots_rows > 13
+    assert [name for name, _ in small.hidden()] == ["Heartbeat", "Stages", "Plots"]
+    assert small.hidden(ranks_run=True)[1] == ("Ranks", 30) and large.hidden() == []
 
 
 def test_help_fits_80x24_names_esc_ctrl_p_scrolling_and_the_mouse_and_scrolls():

@@ -1,4 +1,4 @@
-"""Honest states in the TUI (issue 16): while not connected every pane says so, and why, and
+"""Honest states in the TUI (issue 16): while not connected one note says so, and why, and
 control keys are refused at once; connected with no run, the panes name the run root and
 `k` says there is no run. The real app under Pilot over a real link: a target whose
 connection is refused, and the real local agent on an empty run root."""
@@ -17,7 +17,7 @@ from rich.console import Console
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
-from dflash_tui.widgets.offline import OfflineNote
+from dflash_tui.widgets.offline import OfflineBlank, OfflineNote
 from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
 
 SIZE = (160, 48)
@@ -71,19 +71,20 @@ def test_a_refused_connection_is_said_in_every_pane_and_control_keys_are_refused
         app = DFlashApp(target, theme_name="dark")
         async with app.run_test(size=SIZE) as pilot:
             notes = list(app.query(OfflineNote))
-            assert len(notes) == 7  # GPUs, heartbeat, stages, step log, queues, alerts, plots
-
-            def said() -> bool:
-                return all("Connect call failed" in plain(n) for n in notes)
-
-            assert await until(pilot, said), [plain(n) for n in notes]
-            for note in notes:
-                text = plain(note).strip()
-                assert text.startswith(f"not connected to {target.name}: 127.0.0.1:"), text
-                assert "unreachable: [Errno 111] Connect call failed" in text
-                assert "(retrying in " in text or "(trying again)" in text, text
-                assert note.display and note.parent.display in (True, False)
+            assert len(notes) == 1  # said once, under the header, not in every pane
+            note = notes[0]
+            assert await until(pilot, lambda: "Connect call failed" in plain(note)), plain(note)
+            text = plain(note).strip()
+            assert text.startswith(f"not connected to {target.name}: 127.0.0.1:"), text
+            assert "unreachable: [Errno 111] Connect call failed" in text
+            assert "(retrying in " in text or "(trying again)" in text, text
+            assert note.display
+            # The panes that never had a connection: a blank, not the note again, not
+            # their empty states (GPUs, heartbeat, stages, step log, queues, alerts, plots).
+            blanks = list(app.query(OfflineBlank))
+            assert len(blanks) == 7 and all(b.display for b in blanks)
             shown = screen_text(app)
+            assert shown.count("Connect call failed") == 1, shown
             for empty in EMPTY_STATES:
                 assert empty not in shown, (empty, shown)
 
@@ -151,10 +152,11 @@ def test_a_lost_connection_keeps_the_last_picture_under_the_note(tmp_path):
                 name="local", kind="local", run_root=str(root), python="/nonexistent/python"
             )
             app.link._agent.terminate()  # the session drops, as a host that goes away
-            notes = list(app.query(OfflineNote))
-            assert await until(pilot, lambda: all(n.display for n in notes))
-            text = plain(notes[0])
+            note = app.query_one(OfflineNote)
+            assert await until(pilot, lambda: note.display)
+            text = plain(note)
             assert text.startswith("not connected to local: "), text
             assert f"no run under {root} yet" in screen_text(app)  # the last picture stays
+            assert not any(b.display for b in app.query(OfflineBlank))
 
     asyncio.run(go())

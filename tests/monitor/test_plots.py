@@ -159,10 +159,10 @@ def test_empty_panels_say_why():
         async with app.run_test(size=SIZE) as pilot:
             app.redraw(force=True)
             await pilot.pause(0.2)
-            # Never connected: the plots are hidden behind the pane's "not connected" note
-            # (widgets/offline.py), not drawn as empty axes.
+            # Never connected: the plots are hidden behind a blank ("no data yet"), the note
+            # under the header says why (widgets/offline.py), not drawn as empty axes.
             box = " ".join(region_text(app, app.query_one("#plots-box")).split())
-            assert "not connected to" in box, box
+            assert "— no data yet" in box, box
             assert not app.query_one("#plot-loss").query_one(PlotextPlot).display
 
             # Connected, a run compiling, a host without GPUs.

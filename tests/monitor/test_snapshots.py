@@ -7,11 +7,19 @@ Update after an intended change with: .venv/bin/python -m pytest tests/monitor/t
 from __future__ import annotations
 
 import pytest
-from app_scenarios import NOW, alert_state, healthy
+from app_scenarios import NOW, RUN, alert_state, healthy
 from monitor_helpers import typed_event
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
+from dflash_tui.widgets.screens import (
+    ConfirmScreen,
+    HelpScreen,
+    RestartScreen,
+    RunsScreen,
+    TextScreen,
+)
+from dflash_tui.widgets.thread_table import SignalScreen, ThreadsScreen
 
 SIZE = (160, 48)
 # The layout's sizes (dflash_tui/widgets/layout.py): the essentials at 80x24, everything at
@@ -53,3 +61,62 @@ def test_alert_state_at_80x24(snap_compare, theme):
 def test_alert_state_from_the_seed_scenarios(snap_compare):
     app, feed = app_with(alert_state(), "dark")
     assert snap_compare(app, terminal_size=SIZE, run_before=feed)
+
+
+# -- every screen at the sizes issue 32 names ----------------------------------------------
+# One theme: the themes' colours are the snapshots above; these are about what fits. Each
+# opens its screen over the healthy dashboard (tests/monitor/test_sizes.py asserts the same
+# layouts as text). 24 cases: ~45 s on a loaded 2-core machine (27 took 46 s), ~2 s each.
+ISSUE_SIZES = [(80, 24), (120, 40), (160, 48)]
+RUN_QUESTION = f"Restart run {RUN}? It is alive: it is killed first, then launched again."
+
+
+def lost_link() -> list[dict]:
+    """The healthy run, then the link drops: the note once, the panes' last picture."""
+    return [
+        *healthy(),
+        {
+            "type": "link",
+            "t": NOW - 2,
+            "state": "reconnecting",
+            "detail": "gpu-box:22 unreachable: [Errno 111] Connect call failed",
+            "target": "gpu-box",
+            "retry_in": 4.0,
+        },
+    ]
+
+
+def open_screen(app: DFlashApp, name: str) -> None:
+    stack = "\n".join(
+        f'Thread "drafter-{i}" (most recent call first):\n  line {i}' for i in range(40)
+    )
+    screens = {
+        "help": HelpScreen,
+        "threads": ThreadsScreen,
+        "runs": lambda: RunsScreen(app.store.runs, app.store.run_id),
+        "stacks": lambda: TextScreen("Stacks of pid 4242", stack),
+        "kill": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
+        "restart": lambda: RestartScreen(
+            RUN_QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)"
+        ),
+        "signal": lambda: SignalScreen(f"Signal pid 4242 (python3), the run's trainer ({RUN})?"),
+    }
+    if name in screens:
+        app.push_screen(screens[name]())
+
+
+# The dashboard itself is test_main_screen's, at these sizes and more.
+SCREENS = ["link-lost", "help", "threads", "runs", "stacks", "kill", "restart", "signal"]
+
+
+@pytest.mark.parametrize("size", ISSUE_SIZES, ids=[f"{w}x{h}" for w, h in ISSUE_SIZES])
+@pytest.mark.parametrize("screen", SCREENS)
+def test_each_screen_at_each_size(snap_compare, screen, size):
+    app, feed = app_with(lost_link() if screen == "link-lost" else healthy(), "dark")
+
+    async def before(pilot):
+        await feed(pilot)
+        open_screen(app, screen)
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)
