@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_tui import sanitize
 from dflash_tui.commands import oneshot
 from dflash_tui.commands.actions import add_overrides
+from dflash_tui.commands.demo_root import demo_remote_dir
 from dflash_tui.commands.options import add_headless, add_notify, add_theme, add_where
 from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     # local, watched as the plain command watches (TUI or headless)
-    add_where(p, remote=False)
+    add_where(p, remote=False, remote_dir=demo_remote_dir())
     add_headless(p, once=False)
     add_notify(p)
     add_theme(p)
@@ -34,8 +33,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def demo_target(args: argparse.Namespace) -> Target:
     """The local host, the demo's own remote dir (under XDG_STATE_HOME) unless given."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    remote = args.remote_dir or str(Path(base) / "dflash-tui" / "demo")
+    remote = args.remote_dir or demo_remote_dir()
     return resolve_target(
         "local", run_root=args.run_root, remote_dir=remote, python=args.python or sys.executable
     )

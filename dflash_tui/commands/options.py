@@ -65,11 +65,17 @@ def add_target(p: argparse.ArgumentParser, group: bool = False) -> None:
     )
 
 
-def add_where(p: argparse.ArgumentParser, remote: bool = True, one_shot: bool = True) -> None:
-    """Where the runs are; `remote`: how to get there (not for the local demo)."""
+def add_where(
+    p: argparse.ArgumentParser,
+    remote: bool = True,
+    one_shot: bool = True,
+    remote_dir: str = "~/dflash",
+) -> None:
+    """Where the runs are; `remote`: how to get there (not for the local demo);
+    `remote_dir`: the default --remote-dir, as --help says it."""
     g = p.add_argument_group("where")
     g.add_argument("--run-root", help="where runs live (default: <remote-dir>/runs)")
-    g.add_argument("--remote-dir", help="where deploy puts the trainer (default: ~/dflash)")
+    g.add_argument("--remote-dir", help=f"where deploy puts the trainer (default: {remote_dir})")
     if remote:
         pre = g.add_mutually_exclusive_group()
         pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")

@@ -18,6 +18,7 @@ from dflash_tui.commands.options import (
     group_named,
     target_from,
 )
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
 
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         from dflash_tui.commands import groups
 
         return asyncio.run(groups.run("status", group, args))
-    target = target_from(args, args.target)
+    target = or_demo(args, target_from(args, args.target))
     args.once = True
     return asyncio.run(monitor(args, target))
 
