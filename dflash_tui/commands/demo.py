@@ -47,6 +47,12 @@ async def demo(args: argparse.Namespace) -> int:
     from dflash_tui import control
     from dflash_tui.control import TRAINER_DIR
 
+    config = TRAINER_DIR / "configs" / "demo-cpu.toml"
+    try:  # every bad --set, a line each, before anything is deployed
+        control.check_overrides(args.overrides, config.read_text())
+    except control.ControlError as e:
+        oneshot.err(str(e))
+        return 2
     target = demo_target(args)
     print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
     launched: list[str] = []
@@ -55,9 +61,7 @@ async def demo(args: argparse.Namespace) -> int:
         r = await control.deploy(link)
         print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
         try:
-            run = await control.launch(
-                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, oneshot.progress
-            )
+            run = await control.launch(link, config, args.overrides, oneshot.progress)
             print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
             launched.append(run.run_id)
         except Exception as e:
@@ -66,7 +70,11 @@ async def demo(args: argparse.Namespace) -> int:
             print("demo: a demo run is already alive; monitoring it", file=sys.stderr)
         return 0
 
-    code = await oneshot.with_link(target, work)
+    try:
+        code = await oneshot.with_link(target, work)
+    except control.ControlError as e:  # the agent's answer read as bad input
+        oneshot.err(str(e))
+        return 2
     if code != 0:
         return code
     args.once = False
