@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_tui import sanitize
 from dflash_tui.commands.actions import over_link
-from dflash_tui.commands.options import add_json, add_target, add_where, target_from
 from dflash_tui.commands.demo_root import or_demo
+from dflash_tui.commands.options import add_json, add_target, add_where, target_from
 from dflash_tui.commands.subcommand import Subcommand
 from trainer.contract.protocol import RunInfo
 from trainer.contract.typed import encode

@@ -10,6 +10,7 @@ import posixpath
 from pathlib import Path
 
 from dflash_tui.commands import oneshot
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.options import (
     add_json,
     add_notify,
@@ -18,7 +19,6 @@ from dflash_tui.commands.options import (
     group_named,
     target_from,
 )
-from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_tui.commands import oneshot
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.options import (
     add_headless,
     add_notify,
@@ -21,7 +22,6 @@ from dflash_tui.commands.options import (
     group_named,
     target_from,
 )
-from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.targets import Target
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from monitor_helpers import cli
 
-RUN = Path(__file__).resolve().parents[1] / "fixtures/rundirs/main-c119aa7/20261201-031405-tiny-cpu-6e92"
+RUNDIRS = Path(__file__).resolve().parents[1] / "fixtures/rundirs"
+RUN = RUNDIRS / "main-c119aa7/20261201-031405-tiny-cpu-6e92"
 
 
 def home(tmp_path: Path) -> dict[str, str]:

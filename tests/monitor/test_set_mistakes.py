@@ -36,8 +36,16 @@ def said(stderr: str, prefix: str) -> list[str]:
 
 def test_the_trainer_says_each_bad_key_on_its_own_line(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "trainer", "--config", str(TINY), "--run-root", str(tmp_path)]
-        + sets(BAD),
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--config",
+            str(TINY),
+            "--run-root",
+            str(tmp_path),
+            *sets(BAD),
+        ],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -52,9 +60,11 @@ def test_the_trainer_says_each_bad_key_on_its_own_line(tmp_path: Path) -> None:
 def test_launch_and_demo_refuse_before_anything_is_sent(command: str, tmp_path: Path) -> None:
     remote = tmp_path / "remote"
     where = ["--remote-dir", str(remote)]
-    args = ["launch", "local", *where, "--config", str(TINY)] if command == "launch" else [
-        "demo", "--headless", *where
-    ]
+    args = (
+        ["launch", "local", *where, "--config", str(TINY)]
+        if command == "launch"
+        else ["demo", "--headless", *where]
+    )
     r = cli(*args, *sets(BAD), "--set", "name=a\nb", env={"XDG_STATE_HOME": str(tmp_path)})
     assert r.returncode == 2
     assert said(r.stderr, "dflash-tui: ") == [
