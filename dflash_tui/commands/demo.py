@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from dflash_tui.commands.options import add_headless, add_notify, add_theme, add
 from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
 from dflash_tui.targets import Target, resolve_target
+from trainer.builtins.prebuilt import CHECKOUT_DIR, PREBUILT_ENV
 
 if TYPE_CHECKING:
     from dflash_tui.link.link import Link
@@ -53,6 +55,9 @@ async def demo(args: argparse.Namespace) -> int:
     except control.ControlError as e:
         oneshot.err(str(e))
         return 2
+    # The trainer runs from a deployed release: it finds the checkout's prebuilt target and
+    # data through the environment the local agent passes on (trainer/builtins/prebuilt.py).
+    os.environ.setdefault(PREBUILT_ENV, str(CHECKOUT_DIR))
     target = demo_target(args)
     print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
     launched: list[str] = []
