@@ -80,7 +80,11 @@ def add_where(
         pre = g.add_mutually_exclusive_group()
         pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")
         pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
-    g.add_argument("--python", help="interpreter for the agent and trainer there")
+    g.add_argument(
+        "--python",
+        help="interpreter for the agent and trainer there (default: "
+        + ("python3 on an ssh host, this one locally)" if remote else "this one)"),
+    )
     if remote:
         g.add_argument("--identity", help="SSH private key file")
         g.add_argument(
@@ -104,7 +108,7 @@ def add_headless(p: argparse.ArgumentParser, once: bool = True) -> None:
     if once:
         h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
     h.add_argument("--json", action="store_true", help="JSON lines instead of text")
-    h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
+    h.add_argument("--interval", type=float, default=2.0, help="seconds between lines (default 2)")
 
 
 def add_notify(p: argparse.ArgumentParser) -> None:
