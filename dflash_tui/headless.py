@@ -1,7 +1,8 @@
 """Headless mode: dflash-tui without a screen, for tmux panes, scripts and checks.
 
-Lines mode (default): one status line per interval, at most 120 columns, plus every new
-step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
+Lines mode (default): one status line per interval, at most 120 columns (where it is too
+narrow, whole fields go by priority, the queues first: never half of one, `fit_fields`), plus
+every new step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
 
     08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | τ 2.31↑ | \
 q_pre 3/8 2/8 q_hs 4/8 | T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
