@@ -215,10 +215,20 @@ def read_config(path: Path) -> tuple[str, str]:
     return text, name if isinstance(name, str) else path.stem
 
 
-def check_overrides(overrides: list[str]) -> list[str]:
-    for o in overrides:
-        if "=" not in o or "\n" in o:
-            raise ControlError(f"--set {o!r}: expected one key=value")
+def check_overrides(overrides: list[str], config_toml: str | None = None) -> list[str]:
+    """The overrides, each one KEY=VALUE, and with `config_toml` checked as the trainer
+    checks them (trainer/config.py) before anything is sent: every bad one is a line of the
+    ControlError (`config: KEY = VALUE: rule`), not the first only."""
+    from trainer.config import ConfigError, check_launch, error_lines
+
+    bad = [f"config: --set {o!r}: one line, no newline in it" for o in overrides if "\n" in o]
+    if config_toml is not None:
+        try:
+            check_launch(config_toml, [o for o in overrides if "\n" not in o])
+        except ConfigError as e:
+            bad += error_lines(e)
+    if bad:
+        raise ControlError("\n".join(bad))
     return overrides
 
 
@@ -408,7 +418,7 @@ async def launch_text(
     node: NodePlace | None = None,
 ) -> Launched:
     """`launch` of a config already read (a group reads it once for all its hosts)."""
-    cmd = Launch(config_toml=text, overrides=check_overrides(overrides), name=name, node=node)
+    cmd = Launch(config_toml=text, overrides=check_overrides(overrides, text), name=name, node=node)
     return _answer(Launched, cmd, await link.request(cmd, on_progress=on_progress))
 
 

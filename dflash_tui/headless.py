@@ -1,7 +1,8 @@
 """Headless mode: dflash-tui without a screen, for tmux panes, scripts and checks.
 
-Lines mode (default): one status line per interval, at most 120 columns, plus every new
-step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
+Lines mode (default): one status line per interval, at most 120 columns (where it is too
+narrow, whole fields go by priority, the queues first: never half of one, `fit_fields`), plus
+every new step line from train.log as it arrives. Colour only on a TTY, never with NO_COLOR.
 
     08:12:03 training 4m12s | step 876 | 14.2K tok/s | loss 1.338 | τ 2.31↑ | \
 q_pre 3/8 2/8 q_hs 4/8 | T95▇ D45▁ | hb 0.4s | T0 forward 96% | ! drafters idle
@@ -144,31 +145,35 @@ def status_line(
     if progress is not None and progress.total and hb is not None and hb.phase == phase:
         # What the phase is counting (lines of data; a builtin's first build while starting)
         graphs = f"({progress.unit} {progress.done}/{progress.total})"
-    fields = [
-        f"{clock} {phase or 'no run'}"
-        + (f" {duration(in_phase)}" if phase and in_phase is not None else "")
-        + (f" {graphs}" if graphs else "")
+    # (priority, field) in the order shown: where the line is too narrow, whole fields go,
+    # the highest number first; never half of one ("hb 0.").
+    fields: list[tuple[int, str]] = [
+        (
+            0,
+            f"{clock} {phase or 'no run'}"
+            + (f" {duration(in_phase)}" if phase and in_phase is not None else "")
+            + (f" {graphs}" if graphs else "")
+            + (f" [{s.link.state}]" if s.link.state != "connected" else ""),
+        )
     ]
-    if s.link.state != "connected":
-        fields[0] += f" [{s.link.state}]"
-    if s.malformed:  # early: a 120-column line must not cut it off
-        fields.append(f"{s.malformed} malformed lines skipped")
+    if s.malformed:
+        fields.append((1, f"{s.malformed} malformed lines skipped"))
     if hb is not None:
-        fields.append(f"step {hb.step}")
-        fields.append(rate(hb.tok_s))
+        fields.append((2, f"step {hb.step}"))
+        fields.append((3, rate(hb.tok_s)))
     loss = s.last_loss()
     if loss is not None:
-        fields.append(f"loss {loss:.3f}")
+        fields.append((5, f"loss {loss:.3f}"))
     tau = evaluation.summary(s.eval_info())
     if tau is not None:
-        fields.append(tau.short(unicode))
+        fields.append((6, tau.short(unicode)))
     if hb is not None and (hb.queues.q_pre or hb.queues.q_hs):
-        fields.append(queues_text(hb.queues.q_pre, hb.queues.q_hs))
-    fields.append(gpu_summary(s, unicode))
+        fields.append((8, queues_text(hb.queues.q_pre, hb.queues.q_hs)))
+    fields.append((7, gpu_summary(s, unicode)))
     age = s.heartbeat_age(now)
     if age is not None:
-        fields.append(f"hb {age:.1f}s")
-    text = sanitize.field(" | ".join(fields))
+        fields.append((4, f"hb {age:.1f}s"))
+    text = fit_fields([(p, sanitize.field(f)) for p, f in fields], width)
     title = sanitize.field(findings[0].title) if findings else ""
     # The finding first, whole: the stage only where the title still fits after it. A title
     # with no room whole goes under the line (status_text), and the stage has the room.
@@ -181,6 +186,20 @@ def status_line(
     if fits:
         text += " | ! " + title
     return text[:width]
+
+
+def fit_fields(fields: list[tuple[int, str]], width: int, sep: str = " | ") -> str:
+    """`fields` joined by `sep` in their order, in at most `width` columns: whole fields
+    only, kept by priority (the lowest number first). The first field is always kept (cut
+    only where it alone is wider than the line)."""
+    kept = {0}
+    used = len(fields[0][1]) if fields else 0
+    for i in sorted(range(1, len(fields)), key=lambda i: fields[i][0]):
+        need = len(sep) + len(fields[i][1])
+        if used + need <= width:
+            kept.add(i)
+            used += need
+    return sep.join(f for i, (_, f) in enumerate(fields) if i in kept)[:width]
 
 
 def queues_text(q_pre: list[QueueDepth], q_hs: list[QueueDepth]) -> str:

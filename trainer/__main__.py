@@ -27,6 +27,7 @@ from trainer.config import (
     ConfigError,
     apply_overrides,
     config_from_dict,
+    error_lines,
     load_config,
     one_line,
     show_path,
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         if not processes:
             run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)
     except ConfigError as e:
-        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        for line in error_lines(e):  # one per bad --set
+            print(f"error: {line}", file=sys.stderr)
         return 2
     if processes:
         if "WORLD_SIZE" not in os.environ:

@@ -405,6 +405,22 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+def _check_sections(cfg: Config, keys: list[str], value: Any) -> None:
+    """An override's sections, each a section: `foo.bar=1` is said whole, not as `foo = {...}`."""
+    obj: Any = cfg
+    for i, part in enumerate(keys[:-1]):
+        names = [f.name for f in dataclasses.fields(obj)]
+        current = getattr(obj, part, None) if part in names else None
+        if not dataclasses.is_dataclass(current):
+            where = ".".join(keys[: i + 1])
+            sections = [n for n in names if dataclasses.is_dataclass(getattr(obj, n))]
+            near = difflib.get_close_matches(part, sections, n=1)
+            prefix = ".".join(keys[:i])
+            hint = f" (did you mean {prefix + '.' if prefix else ''}{near[0]}?)" if near else ""
+            raise bad_value(".".join(keys), value, f"{where} is no section{hint}")
+        obj = current
+
+
 def _nest(path: list[str], value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {path[-1]: value}
     for part in reversed(path[:-1]):
@@ -550,13 +566,47 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return apply_overrides(cfg, overrides or [])
 
 
+class OverrideErrors(ConfigError):
+    """Every bad `--set`, one line each (`lines`, `config: KEY = VALUE: rule`): all of them
+    at once, not the first only, so one relaunch fixes them all."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+def error_lines(e: ConfigError) -> list[str]:
+    """The lines a ConfigError is said in: one per bad override, else its first line."""
+    return [one_line(x) for x in e.lines] if isinstance(e, OverrideErrors) else [one_line(str(e))]
+
+
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply `section.key=value` overrides (TOML values) in place, then validate."""
+    """Apply `section.key=value` overrides (TOML values) in place, then validate. Each bad
+    one is a line of one OverrideErrors; the good ones are applied all the same."""
+    bad = []
     for text in overrides:
-        keys, value = _parse_override(text)
-        _apply(cfg, _nest(keys, value), "")
+        try:
+            keys, value = _parse_override(text)
+            _check_sections(cfg, keys, value)
+            _apply(cfg, _nest(keys, value), "")
+        except ConfigError as e:
+            bad.append(str(e))
+    if bad:
+        raise OverrideErrors(bad)
     validate(cfg)
     return cfg
+
+
+def check_launch(config_toml: str, overrides: list[str]) -> None:
+    """A launch's config text and overrides, checked as the trainer will check them before
+    anything is shipped or started (the monitor's `launch` and `demo`): a ConfigError."""
+    try:
+        data = tomllib.loads(config_toml)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config: not TOML ({one_line(str(e))})") from None
+    cfg = Config()
+    _apply(cfg, data, "")
+    apply_overrides(cfg, overrides)
 
 
 def config_from_dict(data: Any, source: str = "config") -> Config:

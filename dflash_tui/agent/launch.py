@@ -152,12 +152,24 @@ def launch(
     return wait_started(run_id, run_dir, start_timeout_s)
 
 
+def bad_input_lines(ended: object, run_dir: str) -> list[str]:
+    """The trainer's `error:` lines when it refused its input (exit 2, trainer/__main__.py:
+    one per bad --set), else none."""
+    if not isinstance(ended, ExitRecord) or ended.exit_code != 2:
+        return []
+    log = tail_or_empty(run_dir, TRAIN_LOG, 8000)
+    return [ln.removeprefix("error: ") for ln in log.splitlines() if ln.startswith("error: ")]
+
+
 def wait_started(run_id: str, run_dir: str, timeout: float) -> dict[str, Any]:
     """Report a run that dies before its first heartbeat at once, with its output."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ended = read_exit(run_dir)
         if ended is not None:
+            bad = bad_input_lines(ended, run_dir)
+            if bad:  # a bad config or --set (a restart reuses the launch's): a line each
+                raise CommandError("\n".join(f"run {run_id}: {b}" for b in bad), bad_input=True)
             how = ended.describe() if isinstance(ended, ExitRecord) else str(ended)
             launch_log = tail_or_empty(run_dir, LAUNCH_LOG, 4000).rstrip()
             train_log = tail_or_empty(run_dir, TRAIN_LOG, 8000).rstrip()

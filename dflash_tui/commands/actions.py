@@ -107,6 +107,8 @@ def add_overrides(p: argparse.ArgumentParser) -> None:
 
 
 def run(name: str, args: argparse.Namespace) -> int:
+    if name == "launch" and not config_ok(args):
+        return 2
     if name in GROUP_COMMANDS:
         group = group_named(args.target)
         if group is not None:
@@ -115,6 +117,20 @@ def run(name: str, args: argparse.Namespace) -> int:
             return asyncio.run(groups.run(name, group, args))
     target = target_from(args, args.target)
     return asyncio.run(over_link(target, args, work(name, args)))
+
+
+def config_ok(args: argparse.Namespace) -> bool:
+    """launch's --config and every --set checked before any host is reached: each bad one
+    is a line (`config: KEY = VALUE: rule`)."""
+    from dflash_tui import control
+
+    try:
+        text, _ = control.read_config(args.config)
+        control.check_overrides(args.overrides, text)
+    except control.ControlError as e:
+        oneshot.err(str(e))
+        return False
+    return True
 
 
 async def over_link(target: Target, args: argparse.Namespace, job: oneshot.Work) -> int:

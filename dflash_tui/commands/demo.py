@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING
 from dflash_tui import sanitize
 from dflash_tui.commands import oneshot
 from dflash_tui.commands.actions import add_overrides
+from dflash_tui.commands.demo_root import demo_remote_dir
 from dflash_tui.commands.options import add_headless, add_notify, add_theme, add_where
 from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
 from dflash_tui.targets import Target, resolve_target
+from trainer.builtins.prebuilt import CHECKOUT_DIR, PREBUILT_ENV
 
 if TYPE_CHECKING:
     from dflash_tui.link.link import Link
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     # local, watched as the plain command watches (TUI or headless)
-    add_where(p, remote=False)
+    add_where(p, remote=False, remote_dir=demo_remote_dir())
     add_headless(p, once=False)
     add_notify(p)
     add_theme(p)
@@ -34,11 +37,28 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def demo_target(args: argparse.Namespace) -> Target:
     """The local host, the demo's own remote dir (under XDG_STATE_HOME) unless given."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    remote = args.remote_dir or str(Path(base) / "dflash-tui" / "demo")
+    remote = args.remote_dir or demo_remote_dir()
     return resolve_target(
         "local", run_root=args.run_root, remote_dir=remote, python=args.python or sys.executable
     )
+
+
+def deployed_here(remote: Path) -> str | None:
+    """The code hash when the demo's remote dir (local) runs this checkout's trainer already:
+    deployed.json names it, `current` is its release, and that release hashes to it."""
+    from dflash_tui.control import TRAINER_DIR
+    from trainer.contract.codehash import code_hash
+
+    try:
+        sha = json.loads((remote / "deployed.json").read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(sha, str) or sha != code_hash(TRAINER_DIR):
+        return None
+    current = remote / "current"
+    if current.resolve() != (remote / "releases" / sha[:16]).resolve():
+        return None
+    return sha if code_hash(current / "trainer") == sha else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,17 +69,28 @@ async def demo(args: argparse.Namespace) -> int:
     from dflash_tui import control
     from dflash_tui.control import TRAINER_DIR
 
+    config = TRAINER_DIR / "configs" / "demo-cpu.toml"
+    try:  # every bad --set, a line each, before anything is deployed
+        control.check_overrides(args.overrides, config.read_text())
+    except control.ControlError as e:
+        oneshot.err(str(e))
+        return 2
+    # The trainer runs from a deployed release: it finds the checkout's prebuilt target and
+    # data through the environment the local agent passes on (trainer/builtins/prebuilt.py).
+    os.environ.setdefault(PREBUILT_ENV, str(CHECKOUT_DIR))
     target = demo_target(args)
     print(f"demo: the tiny CPU trainer in {target.remote_dir}", file=sys.stderr)
     launched: list[str] = []
 
     async def work(link: Link, store: Store) -> int:
-        r = await control.deploy(link)
-        print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
+        same = deployed_here(Path(target.remote_dir).expanduser())
+        if same is not None:  # a warm start: this very code is current there (~3 s saved)
+            print(f"demo: trainer {same[:12]} already deployed", file=sys.stderr)
+        else:
+            r = await control.deploy(link)
+            print(f"demo: deployed trainer {sanitize.field(r['sha256'][:12])}", file=sys.stderr)
         try:
-            run = await control.launch(
-                link, TRAINER_DIR / "configs" / "demo-cpu.toml", args.overrides, oneshot.progress
-            )
+            run = await control.launch(link, config, args.overrides, oneshot.progress)
             print(f"demo: launched {sanitize.field(run.run_id)}", file=sys.stderr)
             launched.append(run.run_id)
         except Exception as e:
@@ -68,7 +99,11 @@ async def demo(args: argparse.Namespace) -> int:
             print("demo: a demo run is already alive; monitoring it", file=sys.stderr)
         return 0
 
-    code = await oneshot.with_link(target, work)
+    try:
+        code = await oneshot.with_link(target, work)
+    except control.ControlError as e:  # the agent's answer read as bad input
+        oneshot.err(str(e))
+        return 2
     if code != 0:
         return code
     args.once = False

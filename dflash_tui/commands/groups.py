@@ -124,7 +124,7 @@ async def launch(group: Group, nodes: list[Node], args: argparse.Namespace) -> i
     """One run id for the job, node i launched on hosts[i], all at once; if one fails, the
     nodes launched are stopped and the failure named (exit 1; 3 when a host was unreachable)."""
     text, name = control.read_config(args.config)
-    overrides = control.check_overrides(args.overrides)
+    overrides = control.check_overrides(args.overrides, text)
     run_id = new_run_id(name)
 
     async def one(node: Node) -> int:

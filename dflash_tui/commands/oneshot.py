@@ -32,7 +32,9 @@ def out(text: str) -> None:
 
 
 def err(text: str) -> None:
-    print(f"dflash-tui: {sanitize.field(text)}", file=sys.stderr, flush=True)
+    """`text` on stderr, a line each of its lines (every bad --set has its own)."""
+    for line in text.split("\n"):
+        print(f"dflash-tui: {sanitize.field(line)}", file=sys.stderr, flush=True)
 
 
 def progress(event: Progress) -> None:

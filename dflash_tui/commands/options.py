@@ -65,16 +65,26 @@ def add_target(p: argparse.ArgumentParser, group: bool = False) -> None:
     )
 
 
-def add_where(p: argparse.ArgumentParser, remote: bool = True, one_shot: bool = True) -> None:
-    """Where the runs are; `remote`: how to get there (not for the local demo)."""
+def add_where(
+    p: argparse.ArgumentParser,
+    remote: bool = True,
+    one_shot: bool = True,
+    remote_dir: str = "~/dflash",
+) -> None:
+    """Where the runs are; `remote`: how to get there (not for the local demo);
+    `remote_dir`: the default --remote-dir, as --help says it."""
     g = p.add_argument_group("where")
     g.add_argument("--run-root", help="where runs live (default: <remote-dir>/runs)")
-    g.add_argument("--remote-dir", help="where deploy puts the trainer (default: ~/dflash)")
+    g.add_argument("--remote-dir", help=f"where deploy puts the trainer (default: {remote_dir})")
     if remote:
         pre = g.add_mutually_exclusive_group()
         pre.add_argument("--pct", metavar="CTID", help="run remote commands as pct exec CTID --")
         pre.add_argument("--exec-prefix", metavar="CMD", help="e.g. 'docker exec -i NAME'")
-    g.add_argument("--python", help="interpreter for the agent and trainer there")
+    g.add_argument(
+        "--python",
+        help="interpreter for the agent and trainer there (default: "
+        + ("python3 on an ssh host, this one locally)" if remote else "this one)"),
+    )
     if remote:
         g.add_argument("--identity", help="SSH private key file")
         g.add_argument(
@@ -98,7 +108,7 @@ def add_headless(p: argparse.ArgumentParser, once: bool = True) -> None:
     if once:
         h.add_argument("--once", action="store_true", help="one snapshot, then exit 0/1/2/3")
     h.add_argument("--json", action="store_true", help="JSON lines instead of text")
-    h.add_argument("--interval", type=float, default=2.0, help="seconds between lines")
+    h.add_argument("--interval", type=float, default=2.0, help="seconds between lines (default 2)")
 
 
 def add_notify(p: argparse.ArgumentParser) -> None:

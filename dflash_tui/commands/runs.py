@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dflash_tui import sanitize
 from dflash_tui.commands import oneshot
 from dflash_tui.commands.actions import over_link
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.options import add_json, add_target, add_where, target_from
 from dflash_tui.commands.subcommand import Subcommand
 from trainer.contract.protocol import RunInfo
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             print(format_runs(runs, env=args.env, width=terminal_width()))
         return 0
 
-    return asyncio.run(over_link(target_from(args, args.target), args, job))
+    return asyncio.run(over_link(or_demo(args, target_from(args, args.target)), args, job))
 
 
 SUBCOMMANDS = (

@@ -10,6 +10,7 @@ import posixpath
 from pathlib import Path
 
 from dflash_tui.commands import oneshot
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.options import (
     add_json,
     add_notify,
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         from dflash_tui.commands import groups
 
         return asyncio.run(groups.run("status", group, args))
-    target = target_from(args, args.target)
+    target = or_demo(args, target_from(args, args.target))
     args.once = True
     return asyncio.run(monitor(args, target))
 

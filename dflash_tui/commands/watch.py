@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dflash_tui.commands import oneshot
+from dflash_tui.commands.demo_root import or_demo
 from dflash_tui.commands.options import (
     add_headless,
     add_notify,
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     group = group_named(args.target)  # a job over several hosts: its fleet
     if group is not None:
         return asyncio.run(fleet.watch(args, group.hosts))
-    return asyncio.run(monitor(args, target_from(args, args.target)))
+    return asyncio.run(monitor(args, or_demo(args, target_from(args, args.target))))
 
 
 def notifier(args: argparse.Namespace, target: Target, on_error: Callable[[str], None]) -> Any:

@@ -35,11 +35,13 @@ from typing import Any
 
 from dflash_tui import control
 from dflash_tui.link.events import SinkEvent, event_json
-from dflash_tui.link.link import Link, LinkError
+from dflash_tui.link.link import BadInput, Link, LinkError
 from dflash_tui.state import Store
 from dflash_tui.targets import resolve_target
 from trainer.contract.heartbeat import WAIT_HS_EMPTY, WAIT_HS_FULL, WAIT_PRE_EMPTY, Heartbeat
 from trainer.contract.phases import TARGET_WAIT
+from trainer.contract.protocol import Launch
+from trainer.contract.typed import decode
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "scenarios" / "recorded"
@@ -391,9 +393,13 @@ async def drive(target: Any, run: Run, name: str, config: Path) -> bool:
     driver = await connect(target, run.fault)
     try:
         try:
-            launched = await control.launch(driver.link, config, [*BASE, *run.overrides])
+            # Sent as is, not through control.launch: that refuses a bad override before it
+            # is sent, and `died_before_start` records the trainer refusing one at start.
+            text, config_name = control.read_config(config)
+            launch = Launch(config_toml=text, overrides=[*BASE, *run.overrides], name=config_name)
+            launched = decode(control.Launched, await driver.link.request(launch), "launch")
         except LinkError as e:  # a run that dies at start is answered with an error
-            if "exited at start" not in str(e):
+            if not isinstance(e, BadInput) and "exited at start" not in str(e):
                 raise
             return False
         ready = run.until or _ended(launched.run_id)

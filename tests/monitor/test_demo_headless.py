@@ -2,9 +2,9 @@
 outcome line, exit 0 for a run that finished, non-zero for one that crashed; and `runs
 --json` of what it left is JSON. The real CPU demo (trainer/configs/demo-cpu.toml), cut
 short and on the tiny target and data the other CLI tests train (tiny-cpu.toml's, by
-`--set`, as an operator may): the demo's own chat target is built once per test session
-(~2-4 min on 2 idle cores, far longer on a loaded one), and what is tested here is the
-demo's end, not its model."""
+`--set`, as an operator may): what is tested here is the demo's end, not its model (the
+demo's own chat target and answers come from prebuilt/ when they match their builder:
+tests/trainer/test_prebuilt.py)."""
 
 from __future__ import annotations
 

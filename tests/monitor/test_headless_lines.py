@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_diagnosis import NOW, events, store
 
 from dflash_tui.diagnosis import Finding
-from dflash_tui.headless import WIDTH, queues_text, status_line, status_text
+from dflash_tui.headless import WIDTH, busiest_stage, queues_text, status_line, status_text
 from dflash_tui.link.events import LinkStatus
 from trainer.contract.heartbeat import QueueDepth
 
@@ -41,3 +41,22 @@ def test_a_long_title_goes_under_the_line_wrapped_between_words() -> None:
     assert alert[0].startswith("  ! ") and all(len(a) <= WIDTH for a in alert)
     assert len(alert) == 2  # 157 characters: two lines of at most 120
     assert " ".join(a.strip() for a in alert).removeprefix("! ") == title  # every word whole
+
+
+def test_a_narrow_line_drops_whole_fields_never_half_of_one() -> None:
+    s = recorded()
+    full = status_line(s, [], now=NOW, width=1000).split(" | ")
+    stage = busiest_stage(s)  # in the room left: whichever of its forms fits
+    assert len(full) >= 6 and any(f.startswith("hb ") for f in full)
+    for width in range(len(full[0]), 140):
+        line = status_line(s, [], now=NOW, width=width)
+        assert len(line) <= width
+        parts = line.split(" | ")
+        assert all(p in full or p in stage for p in parts), (width, line)  # whole fields
+        fields = [p for p in parts if p not in stage]
+        assert fields == [f for f in full if f in fields]  # in their order
+        assert parts[0] == full[0]
+    # At 60 columns the step, tok/s and heartbeat age stay; the queues and GPUs go first.
+    narrow = status_line(s, [], now=NOW, width=60).split(" | ")
+    assert [p.split(" ")[0] for p in narrow[1:4]] == ["step", "3.3K", "hb"]
+    assert not any(p.startswith("q_pre") for p in narrow)

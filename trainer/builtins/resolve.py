@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 from pathlib import Path
 
+from trainer.builtins import prebuilt
 from trainer.data.samples import BUILTIN_DATASETS, DATASETS_DIR, DataError
 from trainer.host_cache import cache_dir
 from trainer.targets.tiny import BUILTIN_TARGETS, TRAINED, build_tiny_target
@@ -26,7 +27,9 @@ def resolve_target_path(path: str) -> Path:
             # One build however many trainers start at once (a trained one takes a minute).
             with open(out_dir.parent / f".{cached}.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                if not (out_dir / "config.json").is_file():
+                if not (out_dir / "config.json").is_file() and not (
+                    cached == prebuilt.TARGET and prebuilt.install_target(out_dir)
+                ):
                     # stdout: stderr is for errors (bad input is one line there)
                     print(f"target: building {path} into {out_dir} (once)", flush=True)
                     _build(out_dir, family)
@@ -60,8 +63,13 @@ def resolve_data_path(path: str) -> Path:
         elif name == "tiny-chat-answers":
             from trainer.builtins.tiny_chat import CHAT_TARGET, ensure_answers
 
-            # The target first, its own progress said; then its answers.
-            resolved = ensure_answers(cache_dir(), resolve_target_path(CHAT_TARGET))
+            # The target first, its own progress said; then its answers: the prebuilt ones
+            # where the target is the prebuilt one (builtins/prebuilt.py), else generated.
+            target_dir = resolve_target_path(CHAT_TARGET)
+            shipped = cache_dir() / "datasets" / prebuilt.ANSWERS
+            if not shipped.is_file():
+                prebuilt.install_answers(shipped, target_dir)
+            resolved = ensure_answers(cache_dir(), target_dir)
         else:
             resolved = DATASETS_DIR / BUILTIN_DATASETS[name]
     else:
