@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from monitor_helpers import cli
 from test_control_local import deploy
 from test_resume import ckpt, launch, metrics, reach, record, until
 
@@ -72,14 +73,35 @@ def test_continue_trains_on_from_the_final_checkpoint_with_the_lr_held(
         assert m["loss"] == pytest.approx(want[m["step"]]["loss"], rel=1e-5), m["step"]
         assert m["tokens"] == want[m["step"]]["tokens"], m["step"]  # the data position
 
-    # A new schedule: warmup from the checkpoint's step, then cosine over the new steps.
-    rs = r.call(control.restart(r.link, parent, 30, 5, more_steps=6, new_schedule=True))
-    assert rs.lr == f"a new schedule: warmup 5 steps to {LR:.3g}, cosine down to {FLOOR:.3g} at step 18"
-    rows = reach(runs_dir / rs.launched.run_id, 14)
+    # A new schedule, through the command line: warmup from the checkpoint's step, then
+    # cosine over the new steps.
+    where = ["local", "--remote-dir", local_target.remote_dir]
+    cont = cli("restart", *where, "--run", parent, "--more-steps", "6", "--new-schedule")
+    assert cont.returncode == 0, cont.stderr
+    (line,) = cont.stdout.splitlines()  # nothing was alive to kill
+    new = line.split()[2].rstrip(":")
+    assert line == (
+        f"continued as {new}: 6 more steps from {ckpt(12)} (step 12) of {parent} to step 18; "
+        f"a new schedule: warmup 5 steps to {LR:.3g}, cosine down to {FLOOR:.3g} at step 18"
+    )
+    rows = reach(runs_dir / new, 14)
     assert rows[0]["step"] == 13 and rows[0]["lr"] == pytest.approx(LR / 5, rel=1e-6)
     assert rows[1]["lr"] == pytest.approx(2 * LR / 5, rel=1e-6)
     assert rows[0]["tokens"] == want[13]["tokens"]
-    r.call(control.kill(r.link, rs.launched.run_id, 30, 5, ended_ok=True))
+    r.call(control.kill(r.link, new, 30, 5, ended_ok=True))
+
+
+def test_more_steps_mistakes_are_one_line_exit_2(tmp_path):
+    where = ["restart", "local", "--remote-dir", str(tmp_path)]
+    for args, said in (
+        (["--more-steps", "0"], "'0': must be at least 1"),
+        (["--more-steps", "x"], "'x' is not a whole number of steps"),
+        (["--new-schedule"], "--new-schedule: only with --more-steps N"),
+        (["--more-steps", "3", "--fresh"], "not with --fresh"),
+    ):
+        r = cli(*where, *args)
+        assert r.returncode == 2 and said in r.stderr.splitlines()[-1], (args, r.stderr)
+        assert "Traceback" not in r.stderr
 
 
 def test_continue_is_refused_for_a_run_with_no_checkpoint_and_with_fresh(
