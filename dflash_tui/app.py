@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -48,6 +49,7 @@ from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.ranks import RanksPane
 from dflash_tui.widgets.replay import ReplayScreen
+from dflash_tui.widgets.run_summary import SummaryPane
 from dflash_tui.widgets.screens import (
     HelpScreen,
 )
@@ -169,6 +171,10 @@ class DFlashApp(App[int]):
                 yield HeartbeatPane(id="heartbeat")
         with Horizontal(id="middle"):
             with Vertical(id="main-col"):
+                # Once the run has ended: its summary, in place of the live views (`ended`).
+                with Pane(id="summary-box", classes="box"):
+                    yield Static("Run summary", classes="box-title")
+                    yield SummaryPane(id="summary")
                 # processes mode only: a row per rank (hidden until a rank heartbeat comes).
                 with Pane(id="ranks-box", classes="box -no-ranks"):
                     yield Static("Ranks · ms per loop", classes="box-title")
@@ -196,6 +202,9 @@ class DFlashApp(App[int]):
         # Essentials first (widgets/layout.py): the stage bars, the GPUs and the plots give
         # way on a small terminal. The dashboard is the first screen, whatever is over it.
         layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
+        self._shown_ended = None  # the layout showed the stage bars again: decide anew
+        with contextlib.suppress(NoMatches):
+            self._show_ended(self.store.ended() and self.store.outcome() is not None)
 
     def on_mount(self) -> None:
         # The step log has the focus from the start (its keys: j k g G, paging). Not by
@@ -264,6 +273,8 @@ class DFlashApp(App[int]):
             self._log_title()
             return
         self._drawn_version = s.version
+        self._show_ended(s.ended() and s.outcome() is not None)
+        self.query_one(SummaryPane).update_from(s, self.target_args())
         self.query_one(StatusBar).update_from(s)
         self.query_one(GpuPane).update_from(s)
         self.query_one(HeartbeatPane).update_from(s)
@@ -279,6 +290,27 @@ class DFlashApp(App[int]):
         self._log_title()
 
     _shown_log_title: object = None
+    _shown_ended: bool | None = None
+
+    def _show_ended(self, ended: bool) -> None:
+        """An ended run: its summary in place of the live views (the queues, the stage bars,
+        the ranks: app.tcss's `ended`); a run alive again (a restart followed): them back."""
+        if ended == self._shown_ended:
+            return
+        self._shown_ended = ended
+        screen = self.screen_stack[0]
+        screen.set_class(ended, "ended")
+        if ended:
+            screen.query_one("#stages-box").display = False
+        else:  # the stage bars as the terminal's size allows (widgets/layout.py)
+            layout.apply(screen, layout.plan(self.size.width, self.size.height))
+
+    def target_args(self) -> str:
+        """TARGET as a command line names this run's host: for the summary's export command."""
+        t = self.target
+        if t.kind == "local":
+            return f"local --remote-dir {shlex.quote(t.remote_dir)}"
+        return t.name
 
     def _log_title(self) -> None:
         title = self.query_one(StepLog).title()
