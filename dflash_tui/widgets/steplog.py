@@ -28,8 +28,13 @@ _TOKS = re.compile(r"\(([\d.]+[KM]?tok/s)\)")
 # The trainer's `[479m] ` (minutes since the run started): bracketed, it reads as a leaked
 # ANSI code in a terminal (ESC[0m), so it is shown as `+479m`.
 _ELAPSED = re.compile(r"^\[(\d{1,9})m\] ")
-# wandb's own lines in train.log (its history sparklines and summary at the end)
-WANDB_LINE = re.compile(r"^(\[\d{1,9}m\] |\+\d{1,9}m )?wandb:")
+# wandb's history and summary at a run's end in train.log: `wandb: Run history:`, a
+# sparkline or a figure per metric, `+5 ...`, blank `wandb:` lines. Not shown: the log's
+# tail is the run's steps and how it ended; its other lines (where the run syncs) stay.
+WANDB_NOISE = re.compile(
+    r"^wandb:(\s*|\s+Run (history|summary):|\s+\S+ [▁▂▃▄▅▆▇█ ]+|\s+\S+ [-+.\deE]+"
+    r"|\s+\+\d+ \.\.\.)$"
+)
 
 
 class FilterError(ValueError):
@@ -110,7 +115,6 @@ class StepLog(RichLog):
         self.reading = False  # scrolled up by the operator: new lines do not pull it down
         self._follows = 0  # the store's fresh follows this widget has shown
         self.window: Window | None = None  # paged back: the lines fetched, else None
-        self._ended = False  # the run has ended: wandb's lines folded away (`o` has them)
 
     # -- paging back -------------------------------------------------------------------
     def action_log_top(self) -> None:
@@ -197,8 +201,8 @@ class StepLog(RichLog):
     def _write(self, t: Text, scroll_end: bool) -> None:
         if self._regex is not None and not self._regex.search(t.plain):
             return
-        if self._ended and WANDB_LINE.match(t.plain):
-            return  # an ended run's tail is its steps, not wandb's history and summary
+        if WANDB_NOISE.match(t.plain):
+            return
         # Unwrapped, a line keeps its whole width (scroll left/right to read its end: a
         # traceback's "line 314" must not read "line 31"); wrapped, it folds at the pane.
         self.write(t, shrink=self.wrap, scroll_end=scroll_end)
@@ -218,10 +222,6 @@ class StepLog(RichLog):
 
     def update_from(self, s: Store) -> None:
         self._store = s
-        if s.ended() != self._ended:  # wandb's lines shown while it runs, folded after
-            self._ended = s.ended()
-            self.rebuild(s)
-            return
         if s.run_id != self._run_id or s.follows != self._follows:
             self.following = True  # a run just chosen is shown from its newest lines
             self.rebuild(s)
