@@ -28,7 +28,7 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import sanitize, themes
+from dflash_tui import run_summary, sanitize, themes
 from dflash_tui.app_control import RunControl
 from dflash_tui.app_views import ViewKeys
 from dflash_tui.diagnosis import DiagnosisConfig, config_for, diagnose, rank_marks
@@ -204,7 +204,7 @@ class DFlashApp(App[int]):
         layout.apply(self.screen_stack[0], layout.plan(event.size.width, event.size.height))
         self._shown_ended = None  # the layout showed the stage bars again: decide anew
         with contextlib.suppress(NoMatches):
-            self._show_ended(self.store.ended() and self.store.outcome() is not None)
+            self._show_ended(run_summary.replaces_live_views(self.store))
 
     def on_mount(self) -> None:
         # The step log has the focus from the start (its keys: j k g G, paging). Not by
@@ -273,7 +273,7 @@ class DFlashApp(App[int]):
             self._log_title()
             return
         self._drawn_version = s.version
-        self._show_ended(s.ended() and s.outcome() is not None)
+        self._show_ended(run_summary.replaces_live_views(s))
         self.query_one(SummaryPane).update_from(s, self.target_args())
         self.query_one(StatusBar).update_from(s)
         self.query_one(GpuPane).update_from(s)
@@ -293,8 +293,9 @@ class DFlashApp(App[int]):
     _shown_ended: bool | None = None
 
     def _show_ended(self, ended: bool) -> None:
-        """An ended run: its summary in place of the live views (the queues, the stage bars,
-        the ranks: app.tcss's `ended`); a run alive again (a restart followed): them back."""
+        """A run that finished or stopped: its summary in place of the live views (the
+        queues, the stage bars, the ranks: app.tcss's `ended`); a run alive again (a restart
+        followed): them back. A crash keeps its last picture beside the alert."""
         if ended == self._shown_ended:
             return
         self._shown_ended = ended

@@ -1,7 +1,7 @@
-"""What the dashboard shows once the followed run has ended, in place of its live views: how
-it ended, its steps, wall time, best tok/s, best held-out τ and its step, the last good
-checkpoint, and the `dflash-tui export` command for the best step. Pure Python: the store
-in, (label, value) rows out (host strings still raw: the pane shows them through
+"""What the dashboard shows once the followed run has finished or stopped, in place of its
+live views: how it ended, its steps, wall time, best tok/s, best held-out τ and its step, the
+last good checkpoint, and the `dflash-tui export` command for the best step. Pure Python: the
+store in, (label, value) rows out (host strings still raw: the pane shows them through
 widgets/safe.py)."""
 
 from __future__ import annotations
@@ -11,6 +11,14 @@ import shlex
 from dflash_tui import evaluation
 from dflash_tui.fmt import duration, rate
 from dflash_tui.state import Store
+from trainer.contract.outcomes import FINISHED, STOPPED_EARLY
+
+
+def replaces_live_views(s: Store) -> bool:
+    """The run finished or was stopped: its summary stands in for the live views. A crash, a
+    kill or a death at start keeps them (their last picture is evidence the alerts quote)."""
+    outcome = s.outcome()
+    return s.ended() and outcome is not None and outcome.kind in (FINISHED, STOPPED_EARLY)
 
 
 def _wall_s(s: Store) -> float | None:
