@@ -14,7 +14,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Static
 
@@ -26,8 +26,9 @@ class RestartDialog(ModalScreen[Choice | None]):
     BINDINGS = [Binding("escape", "cancel", "cancel")]
     DEFAULT_CSS = """
     RestartDialog { align: center middle; }
-    RestartDialog > Vertical { width: 100; max-width: 100%; height: auto; max-height: 100%;
-                               border: thick $warning; background: $surface; padding: 0 1; }
+    RestartDialog > VerticalScroll { width: 100; max-width: 100%; height: auto;
+                                     max-height: 100%; border: thick $warning;
+                                     background: $surface; padding: 0 1; }
     RestartDialog Horizontal { height: auto; }
     RestartDialog Horizontal > Static { width: auto; padding-top: 1; }
     RestartDialog Button { margin-right: 2; }
@@ -45,7 +46,8 @@ class RestartDialog(ModalScreen[Choice | None]):
 
     def compose(self) -> ComposeResult:
         o = self.offer
-        with Vertical():
+        # Scrolls when taller than the terminal (80x24): the focused line is kept in view.
+        with VerticalScroll(id="dialog"):
             yield Static(safe.text(o.question), id="question")
             if o.detail:
                 yield Static(safe.text(o.detail, "dim"), id="detail")

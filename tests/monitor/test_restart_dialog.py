@@ -23,6 +23,7 @@ from dflash_tui.app import DFlashApp
 from dflash_tui.control import ControlError
 from dflash_tui.diagnosis import diagnose
 from dflash_tui.link.link import LinkError
+from dflash_tui.restart_offer import CONTINUE, DIED_BEFORE_START, Choice, Offer, lr_words
 from dflash_tui.targets import Target
 from dflash_tui.widgets.restart_dialog import RestartDialog
 from dflash_tui.widgets.screens import TextScreen
@@ -129,5 +130,76 @@ def test_restart_fits_a_died_run_then_a_finished_one(local_target: Target):
         rows = [json.loads(ln) for ln in (runs / second / "metrics.jsonl").read_text().splitlines()]
         assert [m["step"] for m in rows] == [4, 5, 6]
         assert all(m["lr"] == pytest.approx(3e-4, rel=1e-6) for m in rows)
+
+    asyncio.run(go())
+
+
+def dialog_app(offer: Offer) -> tuple[DFlashApp, list[Choice | None]]:
+    """The app, unconnected, with the dialog pushed over it; its answers collected."""
+    app = DFlashApp(Target(name="box", kind="ssh", host="box"), connect=False)
+    answers: list[Choice | None] = []
+    app.call_later(lambda: app.push_screen(RestartDialog(offer), answers.append))
+    return app, answers
+
+
+def test_at_80x24_every_line_of_the_dialog_can_be_reached_and_stray_keys_confirm_nothing():
+    overrides = [f"train.key_{i}={i}" for i in range(6)] + [BAD]
+    offer = Offer(
+        DIED_BEFORE_START,
+        "r1",
+        "Run r1 died before its first step: relaunching it as it was dies the same way. Keep, "
+        "edit or empty (drop) each override, then relaunch from step 0.",
+        fresh_label="Relaunch from step 0 with the overrides below",
+        overrides=overrides,
+        offending=[6],
+        error="error: config: train.max_steps = -3: must be a non-negative integer",
+    )
+
+    async def go() -> None:
+        app, answers = dialog_app(offer)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.2)
+            dialog = app.screen
+            assert isinstance(dialog, RestartDialog)
+            assert app.focused is dialog.query_one("#override-6")
+            await pilot.press(*"rfy", "enter", "f", "enter", "y")
+            assert not answers  # stray letters and Enter: nothing confirmed (an override edited)
+            word = dialog.query_one("#fresh-word")
+            word.focus()
+            await pilot.pause(0.2)
+            assert word.region.y + word.region.height <= 24 and word.region.x + 10 <= 80
+            await pilot.press(*"fresh", "enter")
+            await pilot.pause(0.1)
+            assert answers and answers[0] is not None and answers[0].fresh
+            assert answers[0].overrides == [*overrides[:6], "rfyfy"]  # as the keys left them
+
+    asyncio.run(go())
+
+
+def test_continue_takes_n_and_says_what_the_lr_does():
+    held, new = lr_words('{"train": {"lr": 0.003, "min_lr_ratio": 0.1, "warmup_steps": 20}}')
+    offer = Offer(CONTINUE, "r1", "Run r1 finished at step 142.", "Continue", steps=142,
+                  fresh_label="New run from step 0", lr_held=held, lr_new=new)  # fmt: skip
+
+    async def go() -> None:
+        app, answers = dialog_app(offer)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.2)
+            dialog = app.screen
+            lr = dialog.query_one("#lr")
+            assert str(lr.render()) == (
+                "to step 284: the learning rate holds the schedule's final value (0.0003)"
+            )
+            await pilot.press("end", *["backspace"] * 3, *"50")
+            dialog.query_one("#new-schedule").value = True
+            await pilot.pause(0.1)
+            assert str(lr.render()) == (
+                "to step 192: a new schedule: warmup 20 steps to 0.003, cosine down to 0.0003 "
+                "at step 192"
+            )
+            dialog.query_one("#more").focus()
+            await pilot.press("enter")
+            await pilot.pause(0.1)
+            assert answers == [Choice(more_steps=50, new_schedule=True)]
 
     asyncio.run(go())
