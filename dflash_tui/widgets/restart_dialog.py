@@ -116,6 +116,7 @@ class RestartDialog(ModalScreen[Choice | None]):
             words = self.offer.lr_held
         end = f"to step {self.offer.steps + n}: " if n >= 1 else ""
         self.query_one("#lr", Static).update(safe.text(end + words, "dim"))
+        self.query_one("#resume", Button).label = Text(f"Continue {n} more steps")
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "more":

@@ -105,7 +105,7 @@ def test_restart_fits_a_died_run_then_a_finished_one(local_target: Target):
             await pilot.press("r")
             await until(pilot, lambda: isinstance(app.screen, RestartDialog), "the dialog")
             dialog = app.screen
-            assert str(dialog.query_one("#resume").label) == "Continue"
+            assert str(dialog.query_one("#resume").label) == "Continue 3 more steps"
             assert dialog.query_one("#more").value == "3"
             lr = screen_text(dialog.query_one("#lr"))
             assert lr == "to step 6: the learning rate holds the schedule's final value (0.0003)"
@@ -197,6 +197,7 @@ def test_continue_takes_n_and_says_what_the_lr_does():
                 "to step 192: a new schedule: warmup 20 steps to 0.003, cosine down to 0.0003 "
                 "at step 192"
             )
+            assert str(dialog.query_one("#resume").label) == "Continue 50 more steps"
             dialog.query_one("#more").focus()
             await pilot.press("enter")
             await pilot.pause(0.1)
