@@ -74,6 +74,7 @@ class DFlashApp(App[int]):
         Binding("slash", "filter", "filter"),
         Binding("f", "follow", "follow"),
         Binding("w", "wrap", "wrap"),
+        Binding("C", "clock", "clock", show=False),
         Binding("o", "pager", "pager"),
         Binding("z", "zoom", "zoom"),
         Binding("p", "replay", "replay"),
@@ -142,6 +143,7 @@ class DFlashApp(App[int]):
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
         ("Wrap the log's long lines", "or one line each, scrolled with ← → (w)", "wrap"),
+        ("Time column in the step log", "each step line's wall-clock time, or none (C)", "clock"),
         ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
         ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
         ("Replay the run", "its telemetry with these panes, at any moment (p)", "replay"),
@@ -380,6 +382,9 @@ class DFlashApp(App[int]):
 
     def action_follow(self) -> None:
         self.views.follow()
+
+    def action_clock(self) -> None:
+        self.views.clock()
 
     def action_zoom(self) -> None:
         self.views.zoom()

@@ -1,5 +1,6 @@
 """The thread/process table (T): host meters, then a row per trainer thread and a row per
-process of the run's proven group, htop style; `s` sorts by CPU, j/k or the arrows move.
+process of the run's proven group, htop style; `s` sorts by the next key (CPU, name, time in
+state, loop; thread_table.SORTS), `/` filters by words, j/k or the arrows move.
 
 Enter on a thread row dumps the stacks and shows that thread's section; Enter on a process
 row asks which signal (SIGTERM, SIGKILL, SIGUSR2: a stack dump) and sends it through the
@@ -23,6 +24,7 @@ from dflash_tui import control, thread_table
 from dflash_tui.fmt import duration, size
 from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
+from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.screens import TextScreen
 from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 
@@ -109,7 +111,8 @@ class SignalScreen(ModalScreen[str | None]):
 class ThreadsScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "back"),
-        Binding("s", "sort", "sort by CPU"),
+        Binding("s", "sort", "sort"),
+        Binding("slash", "filter", "filter"),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
     ]
@@ -121,8 +124,9 @@ class ThreadsScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.by_cpu = False
-        self._drawn: tuple[int, bool] | None = None
+        self.sort = thread_table.SORTS[0]
+        self.filter_text = ""
+        self._drawn: tuple[int, str, str] | None = None
         self.rows: dict[str, thread_table.ThreadRow | thread_table.ProcRow] = {}
 
     @property
@@ -135,6 +139,7 @@ class ThreadsScreen(Screen[None]):
         yield Static(id="meters")
         yield Static(id="group")
         yield DataTable(cursor_type="row", zebra_stripes=True, id="threads")
+        yield FilterBar(self.apply_filter, placeholder="words, case-insensitive · Enter · Esc")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -147,14 +152,19 @@ class ThreadsScreen(Screen[None]):
     def refresh_rows(self, force: bool = False) -> None:
         store = self.dapp.store
         self.query_one("#meters", Static).update(Text("\n".join(thread_table.meters(store.host))))
-        state = (store.version, self.by_cpu)
+        state = (store.version, self.sort, self.filter_text)
         if not force and state == self._drawn:
             return
         self._drawn = state
-        self.query_one("#group", Static).update(safe.text(thread_table.group_note(store)))
+        note = safe.text(thread_table.group_note(store))
+        note.append(f"  · sorted by {self.sort} (s)", style="dim")
+        if self.filter_text:
+            note.append("  · filter ")
+            note.append(safe.text(self.filter_text))  # the operator's words, as typed
+        self.query_one("#group", Static).update(note)
         threads, procs = thread_table.thread_rows(store), thread_table.proc_rows(store)
-        if self.by_cpu:
-            threads, procs = thread_table.by_cpu(threads, procs)
+        threads, procs = thread_table.filter_rows(threads, procs, self.filter_text)
+        threads, procs = thread_table.sort_rows(threads, procs, self.sort)
         table = self.query_one(DataTable)
         keep = self._cursor_key(table)
         table.clear()
@@ -177,9 +187,18 @@ class ThreadsScreen(Screen[None]):
             return None
 
     def action_sort(self) -> None:
-        self.by_cpu = not self.by_cpu
+        keys = thread_table.SORTS
+        self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
         self.refresh_rows(force=True)
-        self.dapp.notify("sorted by CPU" if self.by_cpu else "in pipeline order", timeout=2)
+        self.dapp.notify(f"sorted by {self.sort}", timeout=2)
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open(self.filter_text)
+
+    def apply_filter(self, text: str) -> str | None:
+        self.filter_text = text
+        self.refresh_rows(force=True)
+        return None
 
     def action_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()
