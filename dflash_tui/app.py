@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -28,7 +29,7 @@ from textual.notifications import SeverityLevel
 from textual.theme import Theme
 from textual.widgets import Footer, Static
 
-from dflash_tui import sanitize, themes
+from dflash_tui import run_summary, sanitize, themes
 from dflash_tui.app_control import RunControl
 from dflash_tui.app_views import ViewKeys
 from dflash_tui.diagnosis import DiagnosisConfig, config_for, diagnose, rank_marks
@@ -49,6 +50,7 @@ from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.ranks import RanksPane
 from dflash_tui.widgets.replay import ReplayScreen
+from dflash_tui.widgets.run_summary import SummaryPane
 from dflash_tui.widgets.screens import (
     HelpScreen,
 )
@@ -181,6 +183,10 @@ class DFlashApp(App[int]):
                 yield HeartbeatPane(id="heartbeat")
         with Horizontal(id="middle"):
             with Vertical(id="main-col"):
+                # Once the run has ended: its summary, in place of the live views (`ended`).
+                with Pane(id="summary-box", classes="box"):
+                    yield Static("Run summary", classes="box-title")
+                    yield SummaryPane(id="summary")
                 # processes mode only: a row per rank (hidden until a rank heartbeat comes).
                 with Pane(id="ranks-box", classes="box -no-ranks"):
                     yield Static("Ranks · ms per loop", classes="box-title")
@@ -222,6 +228,9 @@ class DFlashApp(App[int]):
                 layout.apply(screen, plan)
                 screen.set_class(small is not None, "too-small")
                 screen.query_one("#too-small", Static).update(Text(small or ""))
+        self._shown_ended = None  # the layout showed the stage bars again: decide anew
+        with contextlib.suppress(NoMatches):
+            self._show_ended(run_summary.replaces_live_views(self.store))
 
     def on_mount(self) -> None:
         # The step log has the focus from the start (its keys: j k g G, paging). Not by
@@ -298,6 +307,8 @@ class DFlashApp(App[int]):
             self._log_title()
             return
         self._drawn_version = s.version
+        self._show_ended(run_summary.replaces_live_views(s))
+        self.query_one(SummaryPane).update_from(s, self.target_args())
         self.query_one(StatusBar).update_from(s)
         self.query_one(GpuPane).update_from(s)
         self.query_one(HeartbeatPane).update_from(s)
@@ -317,6 +328,28 @@ class DFlashApp(App[int]):
 
     _shown_log_title: object = None
     _ranks_run = False
+    _shown_ended: bool | None = None
+
+    def _show_ended(self, ended: bool) -> None:
+        """A run that finished or stopped: its summary in place of the live views (the
+        queues, the stage bars, the ranks: app.tcss's `ended`); a run alive again (a restart
+        followed): them back. A crash keeps its last picture beside the alert."""
+        if ended == self._shown_ended:
+            return
+        self._shown_ended = ended
+        screen = self.screen_stack[0]
+        screen.set_class(ended, "ended")
+        if ended:
+            screen.query_one("#stages-box").display = False
+        else:  # the stage bars as the terminal's size allows (widgets/layout.py)
+            layout.apply(screen, layout.plan(self.size.width, self.size.height))
+
+    def target_args(self) -> str:
+        """TARGET as a command line names this run's host: for the summary's export command."""
+        t = self.target
+        if t.kind == "local":
+            return f"local --remote-dir {shlex.quote(t.remote_dir)}"
+        return t.name
 
     def _log_title(self) -> None:
         title = self.query_one(StepLog).title()

@@ -4,7 +4,8 @@ chooser (follow one, compare several) and run info, each with its dialog.
 One command at a time: `start` refuses a second while one is in flight (`busy` names it), in
 a replay, without a link, or at once when the run's state rules it out (offline.py's
 `control_refusal`), before any dialog. Every command goes through control.py, the CLI's path
-too. The thread table's actions (widgets/thread_table.py) start theirs here as well.
+too. Restart's dialog offers what the run's state allows (restart_offer.py). The thread
+table's actions (widgets/thread_table.py) start theirs here as well.
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ from dflash_tui import compare, control, run_info
 from dflash_tui.control import ControlError
 from dflash_tui.link.link import LinkError
 from dflash_tui.offline import control_refusal
+from dflash_tui.restart_offer import (
+    CONTINUE,
+    DIED_BEFORE_START,
+    Choice,
+    Offer,
+    launch_record,
+    offer,
+)
 from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.replay import REFUSED
-from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen, RunsScreen, TextScreen
+from dflash_tui.widgets.restart_dialog import RestartDialog
+from dflash_tui.widgets.screens import ConfirmScreen, RunsScreen, TextScreen
 from trainer.contract.protocol import Progress
 
 
@@ -81,45 +91,40 @@ class RunControl:
 
         self.start("kill", run)
 
-    def resume_offer(self) -> tuple[str, str]:
-        """(the resume button's label, what it will do) for the followed run: an alive run
-        is stopped first and checkpoints as it stops; a dead one has its newest good
-        checkpoint in the runs list (the agent read the sidecars)."""
-        s = self.app.store
-        if s.process_alive():
-            step = s.heartbeat.step if s.heartbeat else None
-            where = f" (step {step} now)" if step is not None else ""
-            return (
-                f"Resume from where it stops{where}",
-                "It is stopped first and checkpoints as it stops; the new run continues from "
-                "its newest good checkpoint.",
-            )
-        run = s.current_run()
-        point = run.resume if run else None
-        if point is None:
-            return "Resume from its newest good checkpoint", ""
-        if point.name is None:
-            return "Resume: no good checkpoint (starts at step 0)", point.describe()
-        of = f" of {point.run_id}" if point.run_id != s.run_id else ""
-        return f"Resume from step {point.step}", point.describe() + of
+    async def restart_offer(self) -> Offer:
+        """What restart offers in the followed run's state (restart_offer.py), with the files
+        that state needs read through the agent: a run that died before start, its
+        launch.json (the overrides to edit); a finished one, its config.json (the lr)."""
+        app = self.app
+        first = offer(app.store, None)
+        if first.state not in (DIED_BEFORE_START, CONTINUE) or app.store.run_id is None:
+            return first
+        name = "launch.json" if first.state == DIED_BEFORE_START else "config.json"
+        try:
+            text: str | None = (await control.read_file(app.link, name, app.store.run_id)).text
+        except (LinkError, ControlError):
+            text = None  # said in the dialog (no overrides to edit, the lr in words only)
+        if first.state == DIED_BEFORE_START:
+            return offer(app.store, launch_record(text))
+        return offer(app.store, None, text)
 
     def restart(self) -> None:
         app = self.app
 
         async def run() -> None:
             run_id = app.store.run_id
-            label, detail = self.resume_offer()
-            screen: Any = RestartScreen(
-                f"Restart run {run_id}? (kill it, wait for GPU memory, launch the same config "
-                "in a new run dir)",
-                label,
-                detail,
-            )
-            choice = await app.push_screen_wait(screen)
+            screen: Any = RestartDialog(await self.restart_offer())
+            choice: Choice | None = await app.push_screen_wait(screen)
             if choice is None:
                 return
             r = await control.restart(
-                app.link, run_id, on_progress=self.progress, fresh=choice == "fresh"
+                app.link,
+                run_id,
+                on_progress=self.progress,
+                fresh=choice.fresh,
+                overrides=choice.overrides,
+                more_steps=choice.more_steps,
+                new_schedule=choice.new_schedule,
             )
             if r.killed is not None:
                 app.notify(f"{r.killed.run_id} {r.killed.describe()}", title="kill", timeout=10)

@@ -298,11 +298,21 @@ class Restarted:
     killed: Killed | None = None  # None: it was not running
     resume: ResumePoint | None = None  # what it continues; None: asked to start fresh
     fresh: bool = False  # asked for step 0 (--fresh)
+    more_steps: int = 0  # a continued run: this many steps more, to max_steps
+    max_steps: int | None = None
+    lr: str = ""  # what its learning rate does (held, or a new schedule)
 
     def describe(self) -> str:
         """`restarted as NEW, resuming from checkpoints/step-00000105.pt (step 105) of
-        PARENT`; or why it starts at step 0, with each checkpoint passed over and why."""
+        PARENT`; or why it starts at step 0, with each checkpoint passed over and why; a
+        continued run says to which step, and what its learning rate does."""
         head = f"restarted as {self.launched.run_id}"
+        if self.more_steps and self.resume is not None and self.resume.name is not None:
+            return (
+                f"continued as {self.launched.run_id}: {self.more_steps} more steps from "
+                f"{self.resume.name} (step {self.resume.step}) of {self.resume.run_id} to step "
+                f"{self.max_steps}; {self.lr}"
+            )
         point = self.resume
         if point is None:
             return f"{head}, fresh from step 0" + (" (as asked)" if self.fresh else "")
@@ -386,7 +396,12 @@ def restart_command(
     drain_timeout_s: float | None = None,
     fresh: bool = False,
     node: NodePlace | None = None,
+    overrides: list[str] | None = None,
+    more_steps: int = 0,
+    new_schedule: bool = False,
 ) -> Restart:
+    """`overrides`: instead of the parent's (None: its own); `more_steps`: continue its final
+    checkpoint that many steps further, the lr held unless `new_schedule`."""
     kill = kill_command(run_id, timeout_s, drain_timeout_s)
     return Restart(
         run_id=kill.run_id,
@@ -394,6 +409,9 @@ def restart_command(
         drain_timeout_s=kill.drain_timeout_s,
         fresh=fresh,
         node=node,
+        overrides=None if overrides is None else check_overrides(overrides),
+        more_steps=more_steps,
+        new_schedule=new_schedule,
     )
 
 
@@ -445,11 +463,17 @@ async def restart(
     on_progress: Progress | None = None,
     fresh: bool = False,
     node: NodePlace | None = None,
+    overrides: list[str] | None = None,
+    more_steps: int = 0,
+    new_schedule: bool = False,
 ) -> Restarted:
     """Kill (when alive), wait for GPU memory, launch the same config and overrides in a new
     run dir, continuing the run's newest good checkpoint (`fresh`: from step 0); the new
-    run's first heartbeat is waited for too."""
-    cmd = restart_command(run_id, timeout_s, drain_timeout_s, fresh, node)
+    run's first heartbeat is waited for too. `overrides` replace the parent's; `more_steps`
+    continues a finished run (restart_command)."""
+    cmd = restart_command(
+        run_id, timeout_s, drain_timeout_s, fresh, node, overrides, more_steps, new_schedule
+    )
     return _answer(Restarted, cmd, await link.request(cmd, on_progress=on_progress))
 
 

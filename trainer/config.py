@@ -112,6 +112,12 @@ class TrainConfig:
     noise_start: float = 0.0
     noise_end: float = 0.0
     max_steps: int = 0  # 0 = run `epochs` epochs
+    # The LR schedule (warmup, then cosine to lr * min_lr_ratio) runs over steps
+    # [schedule_start, schedule_start + schedule_steps) and holds its final value after;
+    # 0 steps = to the run's last step. A continued run (`dflash-tui restart --more-steps`)
+    # sets both: the parent's schedule kept (the lr holds its final value) or a new one.
+    schedule_start: int = 0
+    schedule_steps: int = 0
     epochs: float = 1.0
     seed: int = 0
     log_every: int = 10
@@ -237,6 +243,11 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "train.noise_end": (lambda v: v >= 0, "must be a non-negative number"),
     "train.max_steps": (lambda v: v >= 0, "must be a non-negative integer (0 = train.epochs)"),
     "train.epochs": (lambda v: v > 0, "must be a positive number"),
+    "train.schedule_start": (lambda v: v >= 0, _NON_NEGATIVE_INT),
+    "train.schedule_steps": (
+        lambda v: v >= 0,
+        "must be a non-negative integer (0 = to the run's last step)",
+    ),
     "train.seed": (lambda v: v >= 0, _NON_NEGATIVE_INT),
     "train.log_every": (lambda v: v >= 1, _POSITIVE_INT),
     "train.checkpoint_every": (lambda v: v >= 0, "must be a non-negative integer (0 = at the end)"),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from dflash_tui.agent import artifacts
+from dflash_tui.agent.continuation import Continuation, continuation
 from dflash_tui.agent.deploy import deploy
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
@@ -56,7 +57,15 @@ from trainer.contract.protocol import (
     Restart,
     SignalProcess,
 )
-from trainer.contract.records import HEARTBEAT, LAUNCH_CONFIG, LaunchRecord, read_launch
+from trainer.contract.records import (
+    HEARTBEAT,
+    LAUNCH_CONFIG,
+    ExitRecord,
+    LaunchRecord,
+    read_config,
+    read_exit,
+    read_launch,
+)
 
 SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STACKS_BYTES = 1 << 22
@@ -197,8 +206,14 @@ def kill_run(agent: AgentState, cmd: Kill) -> dict[str, Any]:
 def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     """Kill the run (when alive and proven), then launch its config and overrides again in a
     new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
-    one), or from step 0 when `fresh` or when it has none (the answer says which and why)."""
+    one), or from step 0 when `fresh` or when it has none (the answer says which and why).
+    `overrides` replace the parent's; `more_steps` continues its final checkpoint that many
+    steps further (continuation.py)."""
     _check_node(cmd.node)
+    if cmd.overrides is not None and any("\n" in o or "=" not in o for o in cmd.overrides):
+        raise CommandError("overrides must be single-line key=value strings", bad_input=True)
+    if cmd.more_steps and (cmd.fresh or cmd.node is not None):
+        raise CommandError("more steps continues a checkpoint: not with fresh, nor a job")
     run_id, run_dir = target_run(agent, cmd.run_id, need_alive=False)
     record = read_launch(run_dir)
     try:
@@ -219,6 +234,15 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     # its ranks hand the position and the drafter to the others over torch.distributed.
     joins = cmd.node is not None and cmd.node.node_rank != 0
     resume = None if cmd.fresh or joins else agent.runs.resume_point(run_id, run_dir)
+    overrides = list(record.overrides if cmd.overrides is None else cmd.overrides)
+    more: dict[str, Any] = {}
+    if cmd.more_steps:
+        if resume is None or resume.name is None:
+            raise CommandError(f"run {run_id} has no good checkpoint to continue from")
+        c = _continuation(run_dir, resume.step or 0, cmd.more_steps, cmd.new_schedule)
+        overrides += c.overrides
+        more = {"more_steps": cmd.more_steps, "max_steps": c.max_steps, "lr": c.lr}
+        progress(f"continuing to step {c.max_steps}; {c.lr}")
     if resume is not None:
         progress(resume.describe())
     started = launch(
@@ -226,14 +250,27 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
         agent.remote_dir,
         agent.args.python,
         config_toml,
-        record.overrides,
+        overrides,
         record.name or "run",
         cmd.start_timeout_s,
         progress,
         resume=resume,
         node=cmd.node,
     )
-    return {"killed": killed, "launched": started, "resume": resume, "fresh": cmd.fresh}
+    return {"killed": killed, "launched": started, "resume": resume, "fresh": cmd.fresh, **more}
+
+
+def _continuation(run_dir: str, step: int, more: int, new: bool) -> Continuation:
+    """The overrides continuing the run in `run_dir` from its checkpoint at `step`: its
+    config.json's train section, its total from exit.json, else its heartbeat."""
+    config = read_config(run_dir)
+    train = config.get("train") if isinstance(config, dict) else None
+    ended = read_exit(run_dir)
+    total = ended.total_steps if isinstance(ended, ExitRecord) else None
+    if total is None:
+        hb = read_heartbeat(os.path.join(run_dir, HEARTBEAT))
+        total = hb.total_steps if isinstance(hb, Heartbeat) else None
+    return continuation(step, total, train if isinstance(train, dict) else {}, more, new)
 
 
 # The named dump must arrive within NAMED_WAIT_S. A SIGUSR1 that a native library swallowed

@@ -35,7 +35,8 @@ SUMMARIES = {
     "launch": "start a run in a fresh run dir (refused while one is alive)",
     "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
     "restart": "kill, wait for memory to drain, launch the same config again, continuing "
-    "from the run's newest good checkpoint (--fresh: from step 0)",
+    "from the run's newest good checkpoint (--fresh: from step 0; --more-steps N: a finished "
+    "run N steps further)",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
@@ -84,6 +85,20 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="start from step 0 instead of the newest good checkpoint",
         )
+        p.add_argument(
+            "--more-steps",
+            type=more_steps,
+            default=0,
+            metavar="N",
+            help="continue the run's final checkpoint N steps further, as a new run "
+            "(train.max_steps raised by N, the data position carried on; the learning rate "
+            "holds the schedule's final value)",
+        )
+        p.add_argument(
+            "--new-schedule",
+            action="store_true",
+            help="with --more-steps: a new warmup and cosine over the N steps instead",
+        )
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
     if name == "deploy":
@@ -92,6 +107,27 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="do not ship the compile-cache artifacts pulled with pull-cache",
         )
+
+
+def more_steps(text: str) -> int:
+    """--more-steps: a whole number of steps, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of steps") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
+def check_restart(args: argparse.Namespace) -> None:
+    """--more-steps continues a checkpoint: not with --fresh; --new-schedule only with it."""
+    from dflash_tui.control import ControlError
+
+    if args.new_schedule and not args.more_steps:
+        raise ControlError("--new-schedule: only with --more-steps N")
+    if args.more_steps and args.fresh:
+        raise ControlError("--more-steps continues the final checkpoint: not with --fresh")
 
 
 def add_overrides(p: argparse.ArgumentParser) -> None:
@@ -188,8 +224,16 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
             )
             return 0 if not k.orphans and not k.gpu_held_by else 1
         elif name == "restart":
+            check_restart(args)
             r = await control.restart(
-                link, args.run_id, args.timeout, args.drain_timeout, oneshot.progress, args.fresh
+                link,
+                args.run_id,
+                args.timeout,
+                args.drain_timeout,
+                oneshot.progress,
+                args.fresh,
+                more_steps=args.more_steps,
+                new_schedule=args.new_schedule,
             )
             if r.killed is not None:
                 oneshot.out(f"{r.killed.run_id} {r.killed.describe()}")

@@ -113,12 +113,23 @@ async def demo(args: argparse.Namespace) -> int:
     code = await monitor(args, target, follow=follow, until_end=headless)
     if headless:
         return code
-    print(
-        "demo: the run goes on until it finishes; stop it with: dflash-tui kill local "
-        f"--remote-dir {target.remote_dir}",
-        file=sys.stderr,
-    )
+    print(quit_words(target, follow), file=sys.stderr)
     return code
+
+
+def quit_words(target: Target, run_id: str) -> str:
+    """What quitting the demo's TUI leaves: a run that goes on (and how to stop it), or one
+    that has ended already (its exit.json is there: nothing goes on)."""
+    root = Path(target.effective_run_root)
+    if run_id == "latest":  # a demo run was alive already: the newest launched one
+        launched = sorted(p.parent.name for p in root.glob("*/launch.json"))
+        run_id = launched[-1] if launched else ""
+    if run_id and (root / run_id / "exit.json").exists():
+        return f"demo: run {sanitize.field(run_id)} has ended; its files are in {root / run_id}"
+    return (
+        "demo: the run goes on until it finishes; stop it with: dflash-tui kill local "
+        f"--remote-dir {target.remote_dir}"
+    )
 
 
 SUBCOMMANDS = (

@@ -212,6 +212,9 @@ async def restart(group: Group, nodes: list[Node], args: argparse.Namespace) -> 
     """Every host restarts the job's run as one new run id: node 0 resumes its newest good
     checkpoint (or starts fresh, as asked), the others launch its config fresh and get the
     position and the drafter from node 0. A host that fails stops the others' new nodes."""
+    if getattr(args, "more_steps", 0) or getattr(args, "new_schedule", False):
+        oneshot.err(f"{group.name}: --more-steps continues one host's run, not a group's job")
+        return 2
     old = await job_run(nodes[0], args)
     if old is None:
         return 2

@@ -68,7 +68,8 @@ def unreachable(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     reads="the heartbeat's phase and error; exit.json (exit code, signal, the OOM check the "
     "wrapper makes after a SIGKILL); the last lines of train.log and launch.log",
     decides="Raised when the heartbeat's phase is `crashed`, or exit.json records a non-zero "
-    "exit code or a signal. A signal with no error message is killed, with what the wrapper "
+    "exit code or a signal, unless the run died before its first step (died_at_start says "
+    "that alone: one alert). A signal with no error message is killed, with what the wrapper "
     "found of the OOM killer (the memory cgroup's oom_kill count since launch, the kernel "
     "log). Otherwise crashed, naming the thread and the exit code or signal; its evidence is "
     "the error message, else the traceback's last line, else the logs' last lines that are "
@@ -84,6 +85,8 @@ def crashed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list
     unclean = ex is not None and (ex.exit_code not in (0, None) or ex.signal is not None)
     if not (hb is not None and hb.phase == CRASHED) and not unclean:
         return []
+    if died_before_start(s):
+        return []  # died_at_start is its one alert, with its own advice
     err = hb.error if hb else None
     message = (err.message if err else "") or (ex.error if ex else "") or ""
     where = f" in {err.thread}" if err and err.thread else ""
@@ -160,20 +163,32 @@ def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
     hb = s.heartbeat
     phase = (ex.final_phase if ex else None) or (hb.phase if hb else None)
     step = ex.step if ex is not None and ex.step is not None else hb.step if hb else None
-    facts = ["no error recorded"]
-    if phase or step is not None:
-        facts.append(
-            f"last heartbeat: phase {phase or '?'}, step {step if step is not None else '?'}"
-        )
+    said: list[str] = []
     if ex is None or not ex.signal:
         said = [
             ln
             for ln in list(s.log_lines)[-5:] + list(s.launch_log)[-2:]
             if ln.strip() and " step=" not in ln
         ]
-        # The trainer says a bad input in one `error: …` line: that line, when there is one.
-        facts.extend([ln for ln in said if ln.startswith("error")][-1:] or said[-2:])
+    # The trainer says a bad input in one `error: …` line: that line first, when there is
+    # one (then the error *was* recorded, in the log: not "no error recorded").
+    errors = [ln for ln in said if ln.startswith("error")][-1:]
+    facts = errors[:] or ["no error recorded"]
+    if phase or step is not None:
+        facts.append(
+            f"last heartbeat: phase {phase or '?'}, step {step if step is not None else '?'}"
+        )
+    if not errors:
+        facts.extend(said[-2:])
     return "; ".join(facts)
+
+
+DIED_AT_START_ACTION = (
+    "fix what the error names (launch.log and train.log in the run dir say more): restarting "
+    "as it was dies the same way. A bad override: restart (r) lets you drop or edit the "
+    "launch's overrides (i lists them); a mistake in the config file: launch again with it "
+    "fixed"
+)
 
 
 @rule(
@@ -184,18 +199,16 @@ def _no_error_evidence(s: Store, ex: ExitRecord | None) -> str:
     "there is no heartbeat), and the exit was not clean (a non-zero exit code, or an error "
     "recorded). The evidence is the launcher's and the log's last lines, an `error …` line "
     "first.",
-    action="see launch.log and train.log in the run dir; fix and relaunch",
+    action=DIED_AT_START_ACTION,
 )
 def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
     """The run exited (not cleanly) before its first step: show the launcher's and the log's
     last lines at once instead of leaving the operator to `ls` the run dir. The heartbeat's
     step decides, not the step lines: a run logging every 50 steps that dies at step 15 has
-    none and did not die at start."""
+    none and did not die at start. The only alert of such a run (crashed stands aside): a
+    restart as it was would die the same way, so the advice is to fix what the error names."""
     ex = s.exit_info()
-    hb = s.heartbeat
-    if ex is None or s.step_lines or (hb is not None and hb.step > 0):
-        return []
-    if ex.exit_code == 0 and not ex.error:
+    if ex is None or not died_before_start(s):
         return []
     tail = [ln for ln in list(s.launch_log)[-3:] + list(s.log_lines)[-3:] if ln.strip()]
     errors = [ln for ln in tail if ln.startswith("error")]
@@ -206,9 +219,19 @@ def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "died_at_start",
             "the run exited before its first step",
             " | ".join(tail[-4:]) or str(encode(ex)),
-            "see launch.log and train.log in the run dir; fix and relaunch",
+            DIED_AT_START_ACTION,
         )
     ]
+
+
+def died_before_start(s: Store) -> bool:
+    """The run exited, not cleanly (a non-zero exit code, or an error recorded), before its
+    first step: no step line, and no heartbeat past step 0."""
+    ex = s.exit_info()
+    hb = s.heartbeat
+    if ex is None or s.step_lines or (hb is not None and hb.step > 0):
+        return False
+    return not (ex.exit_code == 0 and not ex.error)
 
 
 @rule(

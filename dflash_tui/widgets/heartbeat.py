@@ -76,7 +76,10 @@ class HeartbeatPane(Static):
         tau = evaluation.of_store(s)
         if tau is not None:
             self._tau_rows(t, tau)
-        t.add_row("pid", safe.text(f"{hb.pid} (pgid {hb.pgid}) on {hb.host}"))
+        if s.ended():  # not a live process: said as the one that was
+            t.add_row("pid", safe.text(f"{hb.pid} on {hb.host}, exited", "dim"))
+        else:
+            t.add_row("pid", safe.text(f"{hb.pid} (pgid {hb.pgid}) on {hb.host}"))
         deployed = s.hello.deployed.sha256 if s.hello and s.hello.deployed else ""
         running = hb.code_sha256
         if deployed and running:

@@ -1,14 +1,14 @@
-"""Modal screens: confirm, restart's choice, a scrollable text (stack dumps), help, the
-runs."""
+"""Modal screens: confirm, a scrollable text (stack dumps), help, the runs (restart's
+dialog: restart_dialog.py)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Label, Static
+from textual.widgets import DataTable, Label, Static
 
 from dflash_tui import runs_view
 from dflash_tui.facts import run_outcome
@@ -47,49 +47,6 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
-
-
-class RestartScreen(ModalScreen[str | None]):
-    """Restart's choice: "resume" (the newest good checkpoint), "fresh" (step 0), or None
-    (cancel), by key or button. The labels quote the host (run ids, checkpoint names, why
-    one was skipped): Text, never markup."""
-
-    BINDINGS = [
-        Binding("r", "choose('resume')", "resume"),
-        Binding("f", "choose('fresh')", "fresh"),
-        Binding("n,escape", "choose('')", "cancel"),
-    ]
-    DEFAULT_CSS = """
-    RestartScreen { align: center middle; }
-    RestartScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $warning;
-                               background: $surface; padding: 1 2; }
-    RestartScreen Horizontal { height: auto; margin-top: 1; }
-    RestartScreen Button { margin-right: 2; }
-    """
-
-    def __init__(self, question: str, resume_label: str, detail: str = "") -> None:
-        super().__init__()
-        self.question, self.resume_label, self.detail = question, resume_label, detail
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(safe.text(self.question))
-            if self.detail:
-                yield Static(safe.text(self.detail, "dim"), id="detail")
-            with Horizontal():
-                yield Button(safe.text(self.resume_label), id="resume", variant="primary")
-                yield Button(Text("Start fresh (step 0)"), id="fresh")
-                yield Button(Text("Cancel"), id="cancel")
-            yield Static(Text("\nr = resume    f = fresh    n / esc = cancel", style="dim"))
-
-    def on_mount(self) -> None:
-        self.query_one("#resume", Button).focus()  # Enter resumes: the default
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.action_choose(event.button.id or "")
-
-    def action_choose(self, choice: str) -> None:
-        self.dismiss(choice if choice in ("resume", "fresh") else None)
 
 
 class TextScreen(Screen[None]):

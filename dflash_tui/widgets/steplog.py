@@ -33,6 +33,13 @@ _TOKS = re.compile(r"\(([\d.]+[KM]?tok/s)\)")
 # The trainer's `[479m] ` (minutes since the run started): bracketed, it reads as a leaked
 # ANSI code in a terminal (ESC[0m), so it is shown as `+479m`.
 _ELAPSED = re.compile(r"^\[(\d{1,9})m\] ")
+# wandb's history and summary at a run's end in train.log: `wandb: Run history:`, a
+# sparkline or a figure per metric, `+5 ...`, blank `wandb:` lines. Not shown: the log's
+# tail is the run's steps and how it ended; its other lines (where the run syncs) stay.
+WANDB_NOISE = re.compile(
+    r"^wandb:(\s*|\s+Run (history|summary):|\s+\S+ [▁▂▃▄▅▆▇█ ]+|\s+\S+ [-+.\deE]+"
+    r"|\s+\+\d+ \.\.\.)$"
+)
 _STEP = re.compile(r"^\[\d{1,9}m\] step=(\d{1,12}) ")
 CLOCK_WIDTH = 9  # "HH:MM:SS "
 
@@ -226,6 +233,8 @@ class StepLog(RichLog):
 
     def _write(self, t: Text, scroll_end: bool, raw: str = "", s: Store | None = None) -> None:
         if self._regex is not None and not self._regex.search(t.plain):
+            return
+        if WANDB_NOISE.match(t.plain):
             return
         if self.clock:  # after the filter: it reads the line, not the time before it
             t = clock_cell(self._time_of(raw, s)) + t

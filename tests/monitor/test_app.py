@@ -22,7 +22,8 @@ from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
-from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RestartScreen, RunsScreen
+from dflash_tui.widgets.restart_dialog import RestartDialog
+from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Kill, Launch
 
@@ -297,20 +298,23 @@ def test_control_keys_drive_the_real_run(live_remote):
                 if run and run.resume and run.resume.step == stopped:
                     break
 
-            # r asks which; escape sends nothing
+            # r asks which; a stray letter confirms nothing, escape sends nothing
             await pilot.press("r")
             await pilot.pause(0.2)
-            assert isinstance(app.screen, RestartScreen)
+            assert isinstance(app.screen, RestartDialog)
             assert plain_label(app.screen, "#resume") == f"Resume from step {stopped}"
-            assert plain_label(app.screen, "#fresh") == "Start fresh (step 0)"
+            assert not app.screen.query("#fresh")  # step 0 takes a typed word, not a button
+            await pilot.press("f", "r", "y")
             await pilot.press("escape")
             await pilot.pause(0.2)
-            assert not isinstance(app.screen, RestartScreen) and app.controls.busy is None
+            assert not isinstance(app.screen, RestartDialog) and app.controls.busy is None
             assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [run_id]
 
-            # r, then r: resume from that checkpoint into a new run dir, which the app follows
+            # r, then Enter on the focused resume: from that checkpoint into a new run dir,
+            # which the app follows
             await pilot.press("r")
-            await pilot.press("r")
+            await pilot.pause(0.2)
+            await pilot.press("enter")
             new_id = await restarted(pilot, app)
             assert new_id.endswith(f", resuming from {checkpoint} (step {stopped}) of {run_id}")
             new_id = new_id.split(",")[0]
@@ -324,11 +328,12 @@ def test_control_keys_drive_the_real_run(live_remote):
             said = (runs / new_id / "train.log").read_text()  # the trainer's own word
             assert f"resumed from {runs / run_id / checkpoint} at step {stopped}" in said
 
-            # r on the alive run, then the fresh button: it is stopped, and step 0 again
+            # r on the alive run, then `fresh` typed: it is stopped, and step 0 again
             await pilot.press("r")
             await pilot.pause(0.2)
             assert plain_label(app.screen, "#resume").startswith("Resume from where it stops")
-            await pilot.click("#fresh")
+            await pilot.click("#fresh-word")
+            await pilot.press(*"fresh", "enter")
             fresh = await restarted(pilot, app)
             assert fresh.endswith(", fresh from step 0 (as asked)")
             fresh_id = fresh.split(",")[0]

@@ -101,10 +101,19 @@ def test_crashed_with_the_trainer_error() -> None:
 
 
 def test_crashed_without_error_says_where_and_the_logs_last_words() -> None:
-    # The trainer's own one-line error when it wrote one (a bad input: exit 2) …
-    f = only(run("recorded/died_before_start.jsonl"), "crashed")
+    # died_before_start.jsonl made a run that crashed after its first step line (exit 2).
+    def started(evs: Events) -> None:
+        first = of_type(evs, "line")[0]
+        text = (
+            "[0m] step=10 loss=11.6682 acc=0.013 streak=1.0 lr=1.50e-03 noise=0.0000 | "
+            "tgt=15.27b/s dft=10.18b/s (2.4Ktok/s) | q_pre=[8, 8] q_hs=[4, 4] | epoch~0.05 ETA=6.5m"
+        )
+        evs.insert(evs.index(first), {**first, "text": text})
+
+    # The trainer's own one-line error when it wrote one: it *was* recorded, in the log …
+    f = only(run("recorded/died_before_start.jsonl", started), "crashed")
     assert f.title == "run crashed (exit code 2)"
-    assert f.evidence == "no error recorded; error: train.lr: expected a number, got 'abc'"
+    assert f.evidence == "error: train.lr: expected a number, got 'abc'"
 
     # … else the logs' last two lines that are not step lines.
     def no_error_line(evs: Events) -> None:
@@ -112,10 +121,21 @@ def test_crashed_without_error_says_where_and_the_logs_last_words() -> None:
             if e["text"].startswith("error"):
                 evs.remove(e)
 
-    f = only(run("recorded/died_before_start.jsonl", no_error_line), "crashed")
+    f = only(run("recorded/died_before_start.jsonl", started, no_error_line), "crashed")
     assert f.evidence.startswith("no error recorded; ")
     assert "wrapper pid 4002: /usr/bin/python3 -m trainer --config" in f.evidence
     assert f.evidence.endswith("trainer exited: exit code 2")
+
+
+def test_a_run_that_died_before_start_gets_one_alert_that_says_to_fix_it() -> None:
+    """Not `crashed` beside it ("no error recorded; error: …", restart as it was): one
+    alert, the error line first, the advice to fix the override (r) or the config."""
+    (f,) = run("recorded/died_before_start.jsonl")
+    assert (f.code, f.title) == ("died_at_start", "the run exited before its first step")
+    assert f.evidence.startswith("error: train.lr: expected a number, got 'abc' | ")
+    assert "no error recorded" not in f.evidence
+    assert f.action.startswith("fix what the error names")
+    assert "restart (r) lets you drop or edit the launch's overrides (i lists them)" in f.action
 
 
 def test_died_before_log_needs_no_step_line_and_an_unclean_exit() -> None:

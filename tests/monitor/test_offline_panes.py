@@ -18,7 +18,8 @@ from rich.console import Console
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
 from dflash_tui.widgets.offline import OfflineBlank, OfflineNote
-from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
+from dflash_tui.widgets.restart_dialog import RestartDialog
+from dflash_tui.widgets.screens import ConfirmScreen
 
 SIZE = (160, 48)
 EMPTY_STATES = ("waiting for GPU samples", "no run under the run root yet", "no queues yet")
@@ -93,14 +94,14 @@ def test_a_refused_connection_is_said_in_every_pane_and_control_keys_are_refused
                 before = len(app._notifications)
                 await pilot.press(key)
                 await pilot.pause(0.05)
-                assert not isinstance(app.screen, ConfirmScreen | RestartScreen), key
+                assert not isinstance(app.screen, ConfirmScreen | RestartDialog), key
                 new = toasts(app)[before:]
                 assert len(new) == 1, new
                 assert new[0].startswith(f"{action}: not connected to {target.name}: "), new
                 assert app.controls.busy is None
             await pilot.press("r")
             await pilot.pause(0.05)
-            assert not isinstance(app.screen, RestartScreen)
+            assert not isinstance(app.screen, RestartDialog)
             assert toasts(app)[-1].startswith(f"restart: not connected to {target.name}")
 
     asyncio.run(go())

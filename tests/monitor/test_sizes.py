@@ -17,10 +17,12 @@ from textual.containers import Vertical
 from textual.widgets import Button, DataTable
 
 from dflash_tui.app import DFlashApp
+from dflash_tui.restart_offer import ALIVE, Offer
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH, plan
-from dflash_tui.widgets.screens import ConfirmScreen, RestartScreen
+from dflash_tui.widgets.restart_dialog import RestartDialog
+from dflash_tui.widgets.screens import ConfirmScreen
 from dflash_tui.widgets.thread_table import (
     COLUMNS,
     NAME_NARROW,
@@ -199,8 +201,8 @@ QUESTION = (
 )
 DIALOGS = {
     "confirm": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
-    "restart": lambda: RestartScreen(
-        QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)", "newest good: 800"
+    "restart": lambda: RestartDialog(
+        Offer(ALIVE, RUN, QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)")
     ),
     "signal": lambda: SignalScreen(
         f"Signal pid 4242 (python3 -m trainer), the run's trainer (run {RUN})? The agent "

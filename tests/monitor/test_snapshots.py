@@ -11,11 +11,12 @@ from app_scenarios import NOW, RUN, alert_state, healthy
 from monitor_helpers import typed_event
 
 from dflash_tui.app import DFlashApp
+from dflash_tui.restart_offer import ALIVE, Offer
 from dflash_tui.targets import Target
+from dflash_tui.widgets.restart_dialog import RestartDialog
 from dflash_tui.widgets.screens import (
     ConfirmScreen,
     HelpScreen,
-    RestartScreen,
     RunsScreen,
     TextScreen,
 )
@@ -96,8 +97,8 @@ def open_screen(app: DFlashApp, name: str) -> None:
         "runs": lambda: RunsScreen(app.store.runs, app.store.run_id),
         "stacks": lambda: TextScreen("Stacks of pid 4242", stack),
         "kill": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
-        "restart": lambda: RestartScreen(
-            RUN_QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)"
+        "restart": lambda: RestartDialog(
+            Offer(ALIVE, RUN, RUN_QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)")
         ),
         "signal": lambda: SignalScreen(f"Signal pid 4242 (python3), the run's trainer ({RUN})?"),
     }

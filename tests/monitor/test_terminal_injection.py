@@ -362,7 +362,9 @@ def test_the_tui_shows_hostile_strings_as_text(
                 ),
             )
             await pilot.press("r")
-            await wait_for(pilot, "restart's choice", lambda: "Start fresh" in screen_text(app))
+            await wait_for(
+                pilot, "restart's choice", lambda: "type fresh and Enter" in screen_text(app)
+            )
             seen["restart"] = screen_text(app)
             await pilot.press("escape")
             await pilot.pause(0.2)
@@ -389,7 +391,9 @@ def test_the_tui_shows_hostile_strings_as_text(
     assert r"A\x1b[2J" in seen["runs"] and LIVE_RUN in seen["runs"]
     assert "evil" not in seen["runs"]
     assert_shows_attacks(seen["stacks"], "stacks screen", SHOWN[:2])
-    assert "Resume: no good checkpoint (starts at step 0)" in seen["restart"]
+    words = " ".join(seen["restart"].replace("█", " ").split())  # as wrapped in the dialog
+    assert "It has no good checkpoint: the new run starts at step 0." in words, words
+    assert "Restart from step 0: type fresh and Enter" in words
     assert r"is a symlink to A\x1b[2J B\x1b]0;title\x07" in seen["restart"].replace("\n", "")
     assert r"toast A\x1b[2J" in seen["toast"]  # on screen
     assert_shows_attacks(seen["toast widget"], "toast", [f"title {SHOWN[0]}", f"toast {SHOWN[0]}"])

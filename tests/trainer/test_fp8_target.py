@@ -152,7 +152,7 @@ def test_the_fp8_checkpoint_loads_dequantised_or_in_fp8_close_to_bf16(
     # Loaded the way HF would load it unscaled (the float8 values alone): far off. Our
     # reader is what makes the difference.
     t = load_target(fp8_dir, layer_ids, torch.bfloat16, cpu, "mask")
-    for _, _, _, linear in fp8._linears(t.model.model.layers):
+    for _, _, _, linear in fp8.linears_under(t.model.model.layers):
         linear.weight.data = torch.randn_like(linear.weight) * 0.02
     assert max(rel(a, b) for a, b in zip(_features(t, ids), want, strict=True)) > 0.2
 

@@ -622,6 +622,14 @@ class Restart(Kill):
     # resumes as above; another node launches the run's config fresh (no --resume): it gets
     # the position and the drafter from node 0 over torch.distributed.
     node: NodePlace | None = None
+    # The overrides to launch with instead of the parent's (launch.json's): the operator
+    # dropped or edited one (a run that died before it started). None: the parent's.
+    overrides: list[str] | None = None
+    # > 0: continue the run's final checkpoint for this many more steps (train.max_steps
+    # raised by it, the data position carried on); the LR holds the schedule's final value
+    # unless `new_schedule` (warmup, then cosine over the new steps).
+    more_steps: int = 0
+    new_schedule: bool = False
 
     def client_timeout(self) -> float:
         # A restart also waits for the new run's first heartbeat.

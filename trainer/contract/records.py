@@ -201,6 +201,11 @@ def read_exit(run_dir: str | Path) -> ExitRecord | Unreadable | None:
     return _read(Path(run_dir) / EXIT, ExitRecord)
 
 
+def parse_launch(text: str) -> LaunchRecord | Unreadable:
+    """launch.json's text as another reads it (the monitor, through the agent's read_file)."""
+    return _load(text, LaunchRecord, LAUNCH)
+
+
 def parse_metrics_line(text: str) -> MetricsRow | Unreadable:
     return _load(text, MetricsRow, METRICS)
 

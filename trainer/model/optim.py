@@ -24,8 +24,18 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(beta1, beta2), fused=device.type == "cuda")
 
 
+def schedule_span(step: int, total_steps: int, cfg: TrainConfig) -> tuple[int, int]:
+    """(the step within the schedule, the schedule's length): the schedule starts at
+    cfg.schedule_start and runs cfg.schedule_steps (0: to total_steps); past its end the
+    values hold (a continued run that keeps its parent's schedule)."""
+    length = cfg.schedule_steps or max(1, total_steps - cfg.schedule_start)
+    return max(0, step - cfg.schedule_start), length
+
+
 def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr, then cosine down to cfg.lr * cfg.min_lr_ratio at total_steps."""
+    """Linear warmup to cfg.lr, then cosine down to cfg.lr * cfg.min_lr_ratio at the
+    schedule's end (total_steps unless cfg.schedule_* say otherwise), held after it."""
+    step, total_steps = schedule_span(step, total_steps, cfg)
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     span = max(1, total_steps - cfg.warmup_steps)
@@ -35,7 +45,8 @@ def lr_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
 
 
 def noise_at(step: int, total_steps: int, cfg: TrainConfig) -> float:
-    """Feature-noise std, linear from noise_start to noise_end over the run."""
+    """Feature-noise std, linear from noise_start to noise_end over the schedule."""
+    step, total_steps = schedule_span(step, total_steps, cfg)
     t = min(1.0, step / max(1, total_steps))
     return cfg.noise_start + (cfg.noise_end - cfg.noise_start) * t
 

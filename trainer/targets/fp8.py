@@ -161,7 +161,7 @@ class Fp8Report:
         return text
 
 
-def _linears(root: nn.Module) -> Iterable[tuple[nn.Module, str, str, nn.Linear]]:
+def linears_under(root: nn.Module) -> Iterable[tuple[nn.Module, str, str, nn.Linear]]:
     """(parent, attribute, full name, linear) for every nn.Linear under `root`."""
     for parent_name, parent in list(root.named_modules()):
         for attr, child in list(parent.named_children()):
@@ -175,7 +175,7 @@ def convert_linears(layers: nn.Module, report: Fp8Report | None = None) -> Fp8Re
     its row-scaled FP8 twin, quantised where its weight lies; one whose shape _scaled_mm
     cannot take stays as it is, named in the report."""
     report = report or Fp8Report()
-    for parent, attr, name, linear in _linears(layers):
+    for parent, attr, name, linear in linears_under(layers):
         if not fits(linear.in_features, linear.out_features):
             report.kept.append(name)
             continue
@@ -303,7 +303,7 @@ def load_block_scaled(
     scaled = read_block_scaled(path, range(first, first + len(layers)))
     for offset, layer in enumerate(layers):
         i = first + offset
-        for parent, attr, name, linear in _linears(layer):
+        for parent, attr, name, linear in linears_under(layer):
             found = scaled[i].pop(name, None)
             full = f"{offset}.{name}"
             device = linear.weight.device
