@@ -70,7 +70,7 @@ class Possible:
     """Which kinds of action the run's state allows: one answer that every rule's action obeys.
 
     `signal`: the run's process is there (not ended: no exit.json, not dead by the agent's
-    liveness, no final phase), so dump stacks (d) and kill (k) can reach it.
+    liveness, no final phase), so dump stacks (d) and kill (K) can reach it.
     `tune`: the pipeline trains now (a fresh heartbeat in training, a step within `stall_s`,
     no graph compiling): only then is throughput advice (bottlenecks, GIL, padding, memory per
     role) about the pipeline; in a stall or a compile every thread waits on that instead."""

@@ -88,7 +88,7 @@ def eval_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
     "the training acc rose by `overfit_acc_rise` or more since it. Critical when τ fell by "
     "`overfit_critical_frac` or more. Said after the run ended too (which step to export).",
     thresholds=("tau_noise_frac", "overfit_acc_rise", "overfit_critical_frac"),
-    action="stop it (k) and export the checkpoint nearest the best step, not the newest; "
+    action="stop it (K) and export the checkpoint nearest the best step, not the newest; "
     "next time more data or fewer epochs",
 )
 def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
@@ -109,7 +109,7 @@ def overfitting(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
         action = f"{_export_best(best)}, not the newest; next time more data or fewer epochs"
     else:
         action = (
-            f"stop it (k) and {_export_best(best)}: more steps fit the training data; "
+            f"stop it (K) and {_export_best(best)}: more steps fit the training data; "
             "more data or fewer epochs"
         )
     return [

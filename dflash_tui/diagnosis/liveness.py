@@ -143,7 +143,7 @@ def _usual_checkpoint(s: Store, hb: Heartbeat) -> tuple[float, str] | None:
     "with no earlier run to compare with, `stop_stall_s`. Names the thread longest in one "
     "state.",
     thresholds=("stale_factor", "slow_phase_factor", "slow_phase_margin_s", "stop_stall_s"),
-    action="dump stacks (d) to see what the stop waits for; kill (k) sends SIGKILL after its "
+    action="dump stacks (d) to see what the stop waits for; kill (K) sends SIGKILL after its "
     "timeout (the newest good checkpoint stays)",
 )
 def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
@@ -178,7 +178,7 @@ def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             "stop_stalled",
             f"stopping for {dur(elapsed)} at step {hb.step}",
             f"heartbeat fresh, stopping for {dur(elapsed)}; {against}{where}",
-            "dump stacks (d) to see what the stop waits for; kill (k) sends SIGKILL after its "
+            "dump stacks (d) to see what the stop waits for; kill (K) sends SIGKILL after its "
             "timeout (the newest good checkpoint stays)",
         )
     ]

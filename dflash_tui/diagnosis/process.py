@@ -219,7 +219,7 @@ def died_before_log(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     "heartbeat means the whole process is hung (GIL held, D state) or dead: `process dead` "
     "when the run has ended (exit.json, the agent's liveness, a final phase).",
     thresholds=("stale_factor",),
-    action="alive: dump stacks (d); if nothing answers, kill (k) and restart (r). Dead: the "
+    action="alive: dump stacks (d); if nothing answers, kill (K) and restart (r). Dead: the "
     "crash or kill finding says how; restart (r).",
 )
 def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
@@ -242,7 +242,7 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             f"{hb.phase}); it is rewritten every <= 2 s by its own thread",
             "the process is gone: the finding above says how; restart (r)"
             if dead
-            else "dump stacks (d); if nothing answers, kill (k) and restart (r)",
+            else "dump stacks (d); if nothing answers, kill (K) and restart (r)",
         )
     ]
 

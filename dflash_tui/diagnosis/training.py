@@ -23,7 +23,7 @@ from trainer.contract.typed import finite
     reads="metrics.jsonl rows (else the step lines): step and loss",
     decides="The newest logged loss is not finite. Names the first non-finite step after the "
     "last finite one, and that last finite loss.",
-    action="kill it (k) while it runs: every further step trains NaN weights; resume from a "
+    action="kill it (K) while it runs: every further step trains NaN weights; resume from a "
     "checkpoint at or before the last finite step with a lower lr or grad_clip, and look at "
     "the batches after it",
 )
@@ -50,7 +50,7 @@ def loss_not_finite(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "loss_not_finite",
             f"loss is {rows[-1][1]} from step {since} on",
             evidence,
-            ("kill it (k): every step from here trains on NaN weights; " if alive else "")
+            ("kill it (K): every step from here trains on NaN weights; " if alive else "")
             + f"resume from a checkpoint {before} with a lower lr or grad_clip, and look at "
             "the batches after it",
         )
@@ -122,7 +122,7 @@ def loss_diverging(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
         "not_learning_steps",
         "not_learning_loss_frac",
     ),
-    action="kill it (k); check train.lr and the data's loss mask (answer tokens kept) before "
+    action="kill it (K); check train.lr and the data's loss mask (answer tokens kept) before "
     "relaunching",
 )
 def not_learning(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
@@ -154,7 +154,7 @@ def not_learning(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             f"{max(m.streak for m in flat):.2f} in every logged step from {first.step} to "
             f"{last.step} ({len(flat)} rows); loss {_loss(first.loss)} → {_loss(last.loss)} "
             f"({change:+.1f} %); {lr}",
-            ("kill it (k): " if not s.ended() else "")
+            ("kill it (K): " if not s.ended() else "")
             + "check train.lr and the data's loss mask (answer tokens kept) before relaunching",
         )
     ]

@@ -196,7 +196,7 @@ class ThreadsScreen(Screen[None]):
         elif isinstance(row, thread_table.ProcRow):
             self.dapp.notify(
                 f"pid {row.info.pid} is the launch wrapper, in a process group of its own: "
-                "not signalled from here (k stops the run; the wrapper then exits)",
+                "not signalled from here (K on the dashboard stops the run; the wrapper then exits)",
                 severity="warning",
                 timeout=8,
             )

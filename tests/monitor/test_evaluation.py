@@ -258,7 +258,7 @@ def test_overfitting_when_tau_falls_as_training_acc_rises():
         "τ 2.37 at step 2000, best 2.50 at step 1500 (1 evals since); training acc "
         "42.0% → 47.0% over the same 500 steps"
     )
-    assert f.action.startswith("stop it (k) and export the checkpoint nearest step 1500")
+    assert f.action.startswith("stop it (K) and export the checkpoint nearest step 1500")
     # 4.4 % down is noise; a fall with a flat training acc is no overfitting.
     assert "overfitting" not in codes(
         diag(with_eval(info([*CLIMB[:3], EvalPoint(2000, 2.39, 0.47)])))

@@ -308,7 +308,7 @@ def test_nan_loss():
     assert f.evidence == (
         "loss nan at step 100, non-finite in 6 logged steps; last finite 4.7559 at step 40"
     )
-    assert f.action.startswith("kill it (k)") and "at or before step 40" in f.action
+    assert f.action.startswith("kill it (K)") and "at or before step 40" in f.action
 
 
 HEALTH = ("loss_diverging", "not_learning", "grad_norm_spike")
@@ -354,7 +354,7 @@ def test_not_learning():
         "acc <= 0.000 and streak <= 1.00 in every logged step from 110 to 170 (7 rows); "
         "loss 20.4483 → 20.4628 (+0.1 %); lr 0"
     )
-    assert f.action.startswith("kill it (k)") and "train.lr" in f.action
+    assert f.action.startswith("kill it (K)") and "train.lr" in f.action
 
 
 def test_grad_norm_spike():

@@ -37,7 +37,7 @@ def test_a_stop_much_longer_than_earlier_runs_took_is_a_warning_with_both_number
     f = only(run(HEALTHY, stopping_for(65)), "stop_stalled")
     assert f.severity == "warning" and f.title.startswith("stopping for 1m05s at step ")
     assert "earlier runs stopped in 0s (median of 1; last: run " in f.evidence
-    assert "kill (k)" in f.action
+    assert "kill (K)" in f.action
     assert "stop_stalled" not in codes(run(HEALTHY, stopping_for(55)))  # 0 s + the 60 s margin
 
 
