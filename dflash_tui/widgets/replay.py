@@ -58,10 +58,11 @@ class ReplayScreen(Screen[None]):
         Binding("shift+right,right_square_bracket", "minutes(1)", "+1 min", priority=True),
         Binding("home", "first", "start", show=False, priority=True),
         Binding("end,e", "last", "the end", priority=True),
-        Binding("escape", "live", "live"),
+        Binding("escape,q", "live", "live"),
         Binding("p", "noop", "", show=False),  # a replay in a replay: nothing to add
-        # The app's control keys, taken here first (its palette: app_control's `start`).
-        Binding("r,k,d,c", "refused", "", show=False),
+        # The app's control keys do nothing over the dashboard (widgets/keys.py); here they
+        # say why (the palette's way in: app_control's `start`).
+        Binding("r,K,d,c", "refused", "", show=False),
     ]
 
     def __init__(

@@ -1,5 +1,5 @@
-"""Modal screens: confirm, restart's choice, a scrollable text (stack dumps), help, the
-runs."""
+"""Screens: restart's choice, a searchable text (stack dumps, run info, the log viewer),
+help, the runs. The dialogs that kill, clear or signal: widgets/dialogs.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from textual.widgets import Button, DataTable, Label, Static
 
 from dflash_tui.evaluation import best_tau
 from dflash_tui.facts import run_outcome
-from dflash_tui.widgets import safe
-from dflash_tui.widgets.panes import VimScroll
+from dflash_tui.widgets import keys, safe
+from dflash_tui.widgets.search import Search, SearchText
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
 
@@ -25,27 +25,6 @@ OUTCOME_STYLE = {
     KILLED: "red",
     DIED: "red",
 }
-
-
-class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
-    DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical { width: 90; max-width: 100%; height: auto; border: thick $warning;
-                               background: $surface; padding: 1 2; }
-    """
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(safe.text(self.question))  # it names runs by their ids
-            yield Static(Text("\ny = yes    n / esc = no", style="dim"))
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
 
 
 class RestartScreen(ModalScreen[str | None]):
@@ -92,12 +71,13 @@ class RestartScreen(ModalScreen[str | None]):
 
 
 class TextScreen(Screen[None]):
-    """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable with
-    j k g G, the arrows and the mouse; escape or q goes back."""
+    """A full screen of text the host wrote (a stack dump, py-spy's output, run info, the
+    step log), scrollable with j k g G, the arrows and the mouse; `/` searches, n / N go
+    from match to match; escape or q goes back. A viewer: it sends nothing (keys.py)."""
 
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
+    BINDINGS = keys.VIEWER
     DEFAULT_CSS = """
-    TextScreen VimScroll { padding: 0 1; }
+    TextScreen SearchText { padding: 0 1; }
     TextScreen #title { background: $panel; padding: 0 1; text-style: bold; }
     TextScreen #keys { background: $panel; padding: 0 1; height: 1; }
     """
@@ -105,18 +85,31 @@ class TextScreen(Screen[None]):
     def __init__(self, title: str, text: str) -> None:
         super().__init__()
         self.title_text, self.body = title, text
+        self.search = Search(self, TEXT_KEYS)
 
     def compose(self) -> ComposeResult:
         yield Static(safe.text(self.title_text), id="title")
-        with VimScroll(id="scroll"):
-            yield Static(safe.log_text(self.body), id="body")
-        yield Static(Text(TEXT_KEYS, style="dim"), id="keys")
+        yield SearchText(safe.log_text(self.body), id="scroll")
+        yield self.search.status()
+        yield self.search.bar()
 
     def on_mount(self) -> None:
-        self.query_one(VimScroll).focus()  # j and k scroll here (kill is K, and asks)
+        self.query_one(SearchText).focus()  # j and k scroll here (kill is K, and asks)
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        self.dismiss()
 
 
-TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · esc/q back"
+TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · / search, n/N · esc/q back"
 
 HELP = """\
 The run
@@ -168,24 +161,40 @@ Everywhere
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
+    BINDINGS = [*keys.VIEWER, Binding("question_mark", "close", "close", show=False)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VimScroll { width: 92; max-width: 100%; height: auto; max-height: 100%;
-                             border: thick $primary; background: $surface; padding: 0 1;
-                             scrollbar-size-vertical: 1; }
+    HelpScreen > Vertical { width: 92; max-width: 100%; height: auto; max-height: 100%;
+                            border: thick $primary; background: $surface; }
+    HelpScreen SearchText { height: auto; max-height: 100%; padding: 0 1;
+                            scrollbar-size-vertical: 1; }
+    HelpScreen #keys { height: 1; padding: 0 1; }
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.search = Search(self, "j/k scroll · / search, n/N · esc close")
+
     def compose(self) -> ComposeResult:
-        with VimScroll():
-            yield Static(
-                Text("dflash-tui keys", style="bold")
-                + Text("   j/k scroll · esc close\n\n", style="dim")
-                + Text(HELP)
-            )
+        with Vertical():
+            yield SearchText(Text("dflash-tui keys\n", style="bold") + Text(HELP))
+            yield self.search.status()
+        yield self.search.bar()
 
     def on_mount(self) -> None:
-        self.query_one(VimScroll).focus()
+        self.query_one(SearchText).focus()
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        self.dismiss()
 
 
 class RunsTable(DataTable[object]):

@@ -18,7 +18,8 @@ from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
 from dflash_tui.widgets.layout import plan
 from dflash_tui.widgets.panes import Pane, VimScroll
-from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RunsScreen, TextScreen
+from dflash_tui.widgets.dialogs import TypedConfirm
+from dflash_tui.widgets.screens import HelpScreen, RunsScreen, TextScreen
 from dflash_tui.widgets.steplog import StepLog
 
 TARGET = Target(name="gpu-box", kind="ssh", host="gpu-box")
@@ -174,7 +175,7 @@ def test_in_the_stack_viewer_j_and_k_scroll_and_never_open_the_kill_dialog():
             await pilot.press("k")
             await pilot.pause(0.2)
             assert scroll.scroll_y == 2
-            assert isinstance(app.screen, TextScreen)  # not ConfirmScreen("Kill run …?")
+            assert isinstance(app.screen, TextScreen)  # not TypedConfirm("Kill run …?")
             await pilot.press("G")
             await pilot.pause(0.2)
             assert 'Thread "drafter-199" line 199' in screen_text(app)
@@ -199,7 +200,7 @@ def test_on_the_dashboard_k_scrolls_the_log_and_K_asks_to_kill():
             assert end == log.max_scroll_y > 0
             await pilot.press("k", "k")
             await pilot.pause(0.2)
-            assert log.scroll_y == end - 2 and not isinstance(app.screen, ConfirmScreen)
+            assert log.scroll_y == end - 2 and not isinstance(app.screen, TypedConfirm)
             await pilot.press("g")
             await pilot.pause(0.2)
             assert log.scroll_y == 0
@@ -215,10 +216,17 @@ def test_on_the_dashboard_k_scrolls_the_log_and_K_asks_to_kill():
             # (these keys are about the dialog, not the kill: test_app.py kills for real).
             app.link = NO_LINK_CALLED
             await pilot.press("K")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-            assert isinstance(app.screen, ConfirmScreen)
+            await until(pilot, lambda: isinstance(app.screen, TypedConfirm))
+            assert isinstance(app.screen, TypedConfirm)
             assert f"Kill run {RUN}?" in screen_text(app)
-            await pilot.press("n")
+            # y, n and Enter are text here: only the word `kill` and Enter would confirm.
+            await pilot.press("y", "enter", "n", "enter", "k", "i", "l", "enter")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TypedConfirm)
+            assert "not confirmed: kil · type 'kill' and Enter" in screen_text(app)
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, TypedConfirm))
+            assert app.controls.busy is None  # cancelled: the link was never called
 
     run(go())
 
@@ -230,7 +238,7 @@ def test_c_refuses_at_once_while_the_run_is_alive_and_asks_once_it_is_not():
             await fed(pilot, app, healthy())  # its liveness: alive
             await pilot.press("c")
             await pilot.pause(0.2)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             said = [n.message for n in app._notifications]
             assert any(f"refused: run {RUN} is alive" in m for m in said), said
         app = scripted()
@@ -238,9 +246,12 @@ def test_c_refuses_at_once_while_the_run_is_alive_and_asks_once_it_is_not():
             await fed(pilot, app, alert_state())  # crashed: the process is gone
             app.link = NO_LINK_CALLED
             await pilot.press("c")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await until(pilot, lambda: isinstance(app.screen, TypedConfirm))
             assert "Delete the compile cache?" in screen_text(app)
-            await pilot.press("n")
+            assert "type 'clear' and Enter to confirm" in screen_text(app)
+            await pilot.press("y", "enter", "escape")
+            await until(pilot, lambda: not isinstance(app.screen, TypedConfirm))
+            assert app.controls.busy is None
 
     run(go())
 

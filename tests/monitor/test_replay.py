@@ -31,7 +31,7 @@ from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.replay import ReplayBar, ReplayScreen
-from dflash_tui.widgets.screens import ConfirmScreen
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.steplog import StepLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def test_control_keys_are_refused_in_replay_and_escape_returns_to_live(runs):
                 assert isinstance(app.screen, ReplayScreen)  # no confirm, no restart choice
             app.action_kill()  # the command palette's way in
             await pilot.pause(0.1)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             refused = [m for m in said if "control keys are disabled" in m]
             assert len(refused) == 5, said
 
