@@ -113,18 +113,21 @@ TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · / search, n/N 
 
 HELP = """\
 The run
+  These act on the dashboard only (and from ctrl+p), never in a viewer.
   r        restart (asks): kill, wait for GPU memory, launch the same
            config; resume from its newest good checkpoint, or step 0
-  K        kill (shift+k; asks): SIGTERM its process group, then
-           SIGKILL; shows the GPU memory drain
+  K        kill (shift+k; type kill and Enter): SIGTERM its process
+           group, then SIGKILL; shows the GPU memory drain
   d        dump every thread's stack (SIGUSR1; py-spy where installed)
-  c        clear the compile cache (asks); refused while a run lives
+  c        clear the compile cache (type clear and Enter); refused
+           while a run lives
   l Enter  choose a run (Enter on a row: its whole history, alive or
            not); by default the latest. In the list: space marks runs,
            c compares the marked ones
   i        run info: how it ended, its exit, environment, whole config
-  T        threads and processes: Enter on a thread shows its stack,
-           on a process of the run offers a signal
+  T        threads and processes: Enter on a thread shows its part of
+           the newest dump (d), on a process of the run asks for a
+           signal's name, typed
   p        replay the run's telemetry with these panes: ← → an entry,
            [ ] a minute, Home End, e the end; control keys are off
            there; Esc returns to live
@@ -136,6 +139,7 @@ The step log
   f        follow / pause
   w        wrap long lines, or one line each (← → scroll sideways)
   o        the log in $PAGER (plain less without one); q comes back
+  v        the log in a viewer: / search, n N next / previous
   g Home   train.log from its first line, paged (PgUp at the top: the
            page before, PgDn at the bottom: the page after)
   G End    back to the newest lines
@@ -151,12 +155,18 @@ Panes
            decided and what to do (dflash-tui explain); ← → between them
   mouse    the wheel scrolls the pane under the pointer; click focuses
 
+Viewers (stacks, run info, the log viewer, threads, replay, compare,
+this help): they read and never send
+  /        search: a regular expression, case-insensitive
+  n N      the next / the previous match
+  q Esc    close
+
 Everywhere
   ctrl+p   the command palette: every action by name
   t        next theme (dark, light, high-contrast, …); remembered
   Esc      close a dialog, the filter, a zoom or a screen
   ?        this help
-  q        quit: the remote run is left alone
+  q        quit (on the dashboard): the remote run is left alone
 """
 
 

@@ -12,6 +12,7 @@ string in them is the host's: cells are `Text` from widgets/safe.py.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rich.text import Text
@@ -26,6 +27,8 @@ from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.screens import TextScreen
+from dflash_tui.widgets.search import SearchBar
+from dflash_tui.widgets.steplog import FilterError, compile_filter
 from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 
 COLUMNS = ("", "name", "role", "device", "state", "for", "CPU %", "RSS", "slowest stage", "loop")
@@ -77,6 +80,9 @@ class ThreadsScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "back"),
         Binding("s", "sort", "sort by CPU"),
+        Binding("slash", "search", "search"),
+        Binding("n", "next_match", "next match", show=False),
+        Binding("N", "previous_match", "previous match", show=False),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
     ]
@@ -91,6 +97,7 @@ class ThreadsScreen(Screen[None]):
         self.by_cpu = False
         self._drawn: tuple[int, bool] | None = None
         self.rows: dict[str, thread_table.ThreadRow | thread_table.ProcRow] = {}
+        self.regex: re.Pattern[str] | None = None  # `/`'s, over each row's cells
 
     @property
     def dapp(self) -> Any:
@@ -102,6 +109,7 @@ class ThreadsScreen(Screen[None]):
         yield Static(id="meters")
         yield Static(id="group")
         yield DataTable(cursor_type="row", zebra_stripes=True, id="threads")
+        yield SearchBar(self.submit_search, id="search-bar")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -147,6 +155,52 @@ class ThreadsScreen(Screen[None]):
         self.by_cpu = not self.by_cpu
         self.refresh_rows(force=True)
         self.dapp.notify("sorted by CPU" if self.by_cpu else "in pipeline order", timeout=2)
+
+    # -- `/`: the cursor to the next row whose cells match, n / N from there -----------------
+    def action_search(self) -> None:
+        self.query_one(SearchBar).open(self.regex.pattern if self.regex else "")
+
+    def submit_search(self, pattern: str) -> bool:
+        try:
+            self.regex = compile_filter(pattern)
+        except FilterError as e:
+            self.dapp.notify(f"/{pattern}: {e}", severity="error", timeout=4)
+            return False
+        self._to_match(0)
+        return True
+
+    def action_next_match(self) -> None:
+        self._to_match(1)
+
+    def action_previous_match(self) -> None:
+        self._to_match(-1)
+
+    def _to_match(self, by: int) -> None:
+        """From the cursor's row (0: that row too), the next (1) or previous (-1) row that
+        matches, round the ends."""
+        if self.regex is None:
+            self.dapp.notify("nothing searched yet: / to search", timeout=3)
+            return
+        table = self.query_one(DataTable)
+        texts = [
+            " ".join(str(getattr(c, "plain", c)) for c in table.get_row_at(i))
+            for i in range(table.row_count)
+        ]
+        hits = [i for i, t in enumerate(texts) if self.regex.search(t)]
+        if not hits:
+            self.dapp.notify(f"/{self.regex.pattern}: no match", timeout=3)
+            return
+        here = table.cursor_row
+        if by >= 0:
+            after = [i for i in hits if (i >= here if by == 0 else i > here)]
+            row = after[0] if after else hits[0]
+        else:
+            before = [i for i in hits if i < here]
+            row = before[-1] if before else hits[-1]
+        table.move_cursor(row=row)
+        self.dapp.notify(
+            f"/{self.regex.pattern}: row {row + 1} ({len(hits)} rows match)", timeout=2
+        )
 
     def action_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()

@@ -136,14 +136,14 @@ def test_help_fits_80x24_names_esc_ctrl_p_scrolling_and_the_mouse_and_scrolls():
             await pilot.pause(0.2)
             top = screen_text(app)
             # Whole lines, the box's right edge on screen: nothing cut on the right.
-            assert "K        kill (shift+k; asks): SIGTERM its process group, then" in top
+            assert "K        kill (shift+k; type kill and Enter): SIGTERM its process" in top
             assert all(line.rstrip().endswith("█") for line in top.splitlines() if "█ " in line)
             await pilot.press("G")
             await pilot.pause(0.2)
             bottom = screen_text(app)
             for said in ("ctrl+p   the command palette", "Esc      close", "mouse    the wheel"):
                 assert said in bottom
-            assert "q        quit: the remote run is left alone" in bottom
+            assert "q        quit (on the dashboard): the remote run is left alone" in bottom
             assert "The run" not in bottom  # scrolled
             await pilot.press("g")
             await pilot.pause(0.2)

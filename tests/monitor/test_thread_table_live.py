@@ -184,7 +184,7 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             await pilot.press("enter")
             await pilot.pause(0.2)
             assert isinstance(app.screen, ThreadsScreen)
-            assert "d on the dashboard takes one" in app._notifications[-1].message
+            assert "d on the dashboard takes one" in list(app._notifications)[-1].message
             await pilot.press("escape", "d")
             await until(
                 pilot,
