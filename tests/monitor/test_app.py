@@ -18,11 +18,11 @@ from rich.console import Console
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
-from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.screens import HelpScreen, RestartScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Kill, Launch

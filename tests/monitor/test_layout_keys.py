@@ -16,9 +16,9 @@ from textual.color import Color
 from dflash_tui import pager
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.layout import plan
 from dflash_tui.widgets.panes import Pane, VimScroll
-from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.screens import HelpScreen, RunsScreen, TextScreen
 from dflash_tui.widgets.steplog import StepLog
 

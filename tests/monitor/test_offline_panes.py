@@ -17,8 +17,8 @@ from rich.console import Console
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
-from dflash_tui.widgets.offline import OfflineNote
 from dflash_tui.widgets.dialogs import TypedConfirm
+from dflash_tui.widgets.offline import OfflineNote
 from dflash_tui.widgets.screens import RestartScreen
 
 SIZE = (160, 48)

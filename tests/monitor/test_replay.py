@@ -26,12 +26,12 @@ from dflash_tui.app import DFlashApp
 from dflash_tui.replay import recording
 from dflash_tui.targets import Target
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.replay import ReplayBar, ReplayScreen
-from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.steplog import StepLog
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -114,8 +114,8 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     from dflash_tui.app import DFlashApp
-    from dflash_tui.widgets.screens import TextScreen
     from dflash_tui.widgets.dialogs import TypedConfirm
+    from dflash_tui.widgets.screens import TextScreen
     from dflash_tui.widgets.thread_table import ThreadsScreen
 
     target, r = live
