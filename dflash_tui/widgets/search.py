@@ -110,6 +110,7 @@ class SearchBar(Horizontal):
     SearchBar.-open { display: block; }
     SearchBar #search-label { width: auto; padding: 0 1; color: $primary; text-style: bold; }
     SearchBar Input, SearchBar Input:focus { width: 1fr; height: 1; border: none; padding: 0; }
+    SearchBar #search-error { width: auto; max-width: 60%; padding: 0 1; color: $error; }
     """
 
     def __init__(self, submit: Callable[[str], bool], **kw: object) -> None:
@@ -121,6 +122,11 @@ class SearchBar(Horizontal):
     def compose(self) -> ComposeResult:
         yield Static(Text("/"), id="search-label")
         yield Input(id="search-input", placeholder="regex, case-insensitive · Enter · Esc")
+        yield Static(id="search-error")
+
+    def say(self, error: str) -> None:
+        """Why the pattern cannot be searched, beside it (the bar stays open)."""
+        self.query_one("#search-error", Static).update(Text(error))
 
     def open(self, current: str) -> None:
         self._back_to = self.screen.focused
@@ -128,6 +134,7 @@ class SearchBar(Horizontal):
         field = self.query_one(Input)
         field.value = current
         field.cursor_position = len(current)
+        self.say("")
         field.focus()
 
     @property
@@ -173,7 +180,7 @@ class Search:
         try:
             regex = compile_filter(pattern)
         except FilterError as e:
-            self._say(Text(f"/{pattern}: {e}", style="bold red"))
+            self.screen.query_one(SearchBar).say(str(e))
             return False
         self.pattern = pattern
         self._text().search(regex)

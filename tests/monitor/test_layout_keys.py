@@ -405,3 +405,67 @@ def test_the_pager_gets_the_log_sanitised_and_plain_less_by_default(tmp_path):
     assert pager.command({"PAGER": "most -s"}) == ["most", "-s"]
     with pytest.raises(pager.PagerError, match="PAGER 'less \"-R': No closing quotation"):
         pager.command({"PAGER": 'less "-R'})
+
+
+def test_in_a_viewer_slash_searches_n_and_N_move_and_the_dashboards_keys_do_nothing():
+    """Seen in issue 32: `/drafter` typed in the stack viewer switched the theme and took
+    another dump. Now `/` searches as less does, and r d t c K l Enter act on nothing."""
+
+    async def go():
+        app = scripted()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await fed(pilot, app, healthy())
+            app.link = NO_LINK_CALLED  # a key that reached a control would use it
+            theme = app.theme
+            long = "x" * 150  # wraps: the row of a line below it is counted, not assumed
+            dump = "\n".join(
+                f'Thread "drafter-{i}" line {i}' + (long if i == 5 else "") for i in range(200)
+            )
+            await app.push_screen(TextScreen("Stacks of pid 4242", dump))
+            await pilot.pause(0.2)
+            await pilot.press("r", "d", "t", "c", "K", "l", "enter", "i", "p", "T", "v")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TextScreen) and len(app.screen_stack) == 2
+            assert app.theme == theme and app.controls.busy is None
+            await pilot.press("slash", *"DRAFTER-1[0-9]\\b", "enter")
+            await pilot.pause(0.3)
+            keys_line = screen_text(app).splitlines()[-1]
+            assert "/DRAFTER-1[0-9]\\b: match 1 of 10, line 11" in keys_line
+            assert 'Thread "drafter-10" line 10' in screen_text(app)
+            assert 'Thread "drafter-1" line 1\n' not in screen_text(app)  # scrolled to it
+            await pilot.press("n", "n")
+            await pilot.pause(0.3)
+            assert "match 3 of 10, line 13" in screen_text(app).splitlines()[-1]
+            await pilot.press("N", "N", "N")  # round the top: the last match
+            await pilot.pause(0.3)
+            assert "match 10 of 10, line 20" in screen_text(app).splitlines()[-1]
+            assert 'Thread "drafter-19" line 19' in screen_text(app)
+            await pilot.press("slash", "ctrl+a", "ctrl+k", *"(", "enter")
+            await pilot.pause(0.2)
+            assert "not a regex: missing )" in screen_text(app)
+            await pilot.press("escape")  # the search line, not the viewer
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TextScreen)
+            await pilot.press("q")
+            await pilot.pause(0.2)
+            assert len(app.screen_stack) == 1 and app.theme == theme
+
+    run(go())
+
+
+def test_v_opens_the_log_in_a_viewer_with_search():
+    async def go():
+        app = scripted()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await fed(pilot, app, healthy())
+            await pilot.press("v")
+            await until(pilot, lambda: isinstance(app.screen, TextScreen))
+            await pilot.pause(0.2)
+            assert "Step log of" in screen_text(app).splitlines()[0]
+            await pilot.press("slash", *"step=87[02]", "enter")
+            await pilot.pause(0.3)
+            assert ": match 1 of 2, line" in screen_text(app).splitlines()[-1]
+            await pilot.press("escape")
+            await until(pilot, lambda: len(app.screen_stack) == 1)
+
+    run(go())
