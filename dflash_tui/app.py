@@ -325,7 +325,10 @@ class DFlashApp(App[int]):
         self.views.log_top()
 
     def on_step_log_page_wanted(self, message: StepLog.PageWanted) -> None:
-        self.views.page_wanted(message)
+        # Only the dashboard's log pages train.log through the agent: a replay's (its own
+        # StepLog, over the dashboard) shows the lines of its moment and sends nothing.
+        if len(self.screen_stack) == 1:
+            self.views.page_wanted(message)
 
     def action_filter(self) -> None:
         self.views.filter()

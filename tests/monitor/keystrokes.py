@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ class LiveApp:
         self._thread.start()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._work: asyncio.Queue[tuple[Awaitable[Any], Future[Any]]]
         self._held = asyncio.run_coroutine_threadsafe(self._hold(), self.loop)
         if not self._ready.wait(60):
             raise AssertionError("the app did not start")
@@ -95,14 +97,31 @@ class LiveApp:
 
     # -- the app on its thread ------------------------------------------------------------
     async def _hold(self) -> None:
+        """The app's test session; every coroutine `call` is handed runs in this task, where
+        Textual's context (the active app) is set, as in an `async with app.run_test()`."""
         self._stop = asyncio.Event()
+        self._work: asyncio.Queue[tuple[Awaitable[Any], Future[Any]]] = asyncio.Queue()
         async with self.app.run_test(size=self.size) as pilot:
             self.pilot = pilot
             self._ready.set()
-            await self._stop.wait()
+            while True:
+                get = asyncio.ensure_future(self._work.get())
+                stop = asyncio.ensure_future(self._stop.wait())
+                await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    break
+                stop.cancel()
+                coro, done = get.result()
+                try:
+                    done.set_result(await coro)
+                except BaseException as e:  # handed back to the caller's thread
+                    done.set_exception(e)
 
     def call(self, coro: Awaitable[Any], timeout: float = 120) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
+        done: Future[Any] = Future()
+        self.loop.call_soon_threadsafe(self._work.put_nowait, (coro, done))
+        return done.result(timeout)
 
     def close(self) -> None:
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from keystrokes import DIALOGS, KEYS, VIEWERS, LiveApp, start_run, stop_run
 
@@ -20,6 +20,9 @@ FAST = settings(
     max_examples=EXAMPLES,
     deadline=None,
     database=None,
+    # No shrinking: each example drives a live app for a second or so; a failure is
+    # reported as drawn, its keys in the assertion.
+    phases=[Phase.explicit, Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
