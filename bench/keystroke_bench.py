@@ -63,9 +63,11 @@ def main() -> int:
         "done": False,
     }
     target, _ = start_run(work / "remote")
-    live = LiveApp(target)
+    live: LiveApp | None = None
     t0 = time.monotonic()
     try:
+        live = LiveApp(target)
+        t0 = time.monotonic()
 
         @settings(
             max_examples=args.examples,
@@ -76,6 +78,7 @@ def main() -> int:
         )
         @given(where=st.sampled_from(VIEWERS + DIALOGS), keys=KEYS)
         def example(where: str, keys: list[str]) -> None:
+            assert live is not None
             if where in VIEWERS:
                 sent = live.call(live.viewer_example(where, keys))
                 result["viewer_examples"] += 1
@@ -97,8 +100,11 @@ def main() -> int:
         result["done"] = True
         write(args.out, result)
     finally:
-        live.close()
-        stop_run(target)
+        try:
+            if live is not None:
+                live.close()
+        finally:
+            stop_run(target)
     print(json.dumps(result, indent=1))
     bad = result["requests_from_viewers"] + result["confirmed_without_the_word"]
     return 1 if bad else 0

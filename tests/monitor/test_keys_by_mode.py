@@ -32,12 +32,14 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApp]:
     mp = pytest.MonkeyPatch()
     mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     target, _run_id = start_run(tmp_path_factory.mktemp("keys") / "remote")
-    app = LiveApp(target)
     try:
-        yield app
+        app = LiveApp(target)
+        try:
+            yield app
+        finally:
+            app.close()
     finally:
-        app.close()
-        stop_run(target)
+        stop_run(target)  # never a trainer left behind
         mp.undo()
 
 
