@@ -22,11 +22,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 from monitor_helpers import NO_WANDB, TINY, Remote
+from textual.binding import Binding
 
 from dflash_tui import compare, control, replay_source, run_info
 from dflash_tui.app import DFlashApp
 from dflash_tui.diagnosis import docs
 from dflash_tui.targets import Target
+from dflash_tui.widgets import keys
 from dflash_tui.widgets.alerts import ExplainScreen
 from dflash_tui.widgets.compare import CompareScreen
 from dflash_tui.widgets.dialogs import TypedConfirm
@@ -41,7 +43,17 @@ NAMED = [
 ]  # fmt: skip
 # Every printable character and the named keys, Enter weighted up (it confirms and opens).
 ALPHABET = [*string.printable[:95], *NAMED, "enter", "enter", "enter", "enter"]
-KEYS = st.lists(st.sampled_from(ALPHABET), min_size=1, max_size=30)
+# Drawn as often as all the rest: the dashboard's own keys (what a viewer must not pass on)
+# and the letters of the dialogs' words (so that near-misses like "kil" + Enter come up).
+APP_KEYS = sorted(
+    {k for b in keys.DASHBOARD if isinstance(b, Binding) for k in b.key.split(",")} - {"q"}
+)  # q closes a viewer: drawn from ALPHABET only, or most examples would end at once
+WORD_KEYS = sorted(set("killclearSIGTERMSIGKILLSIGUSR2sigtermsigkillsigusr2"))
+KEYS = st.lists(
+    st.one_of(st.sampled_from(ALPHABET), st.sampled_from([*APP_KEYS, *WORD_KEYS, "enter"])),
+    min_size=1,
+    max_size=30,
+)
 
 VIEWERS = ("help", "log", "threads", "stacks", "run info", "replay", "compare", "explain")
 DIALOGS = ("kill", "signal")  # while the run is alive; "clear" once it is not
