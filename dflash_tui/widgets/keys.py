@@ -11,7 +11,7 @@ Three modes, as in less, k9s and lazygit, where a viewer's keys never act on the
   (dialogs.py), so a stray letter never confirms.
 
 The app's bindings are `DASHBOARD`; `DFlashApp.check_action` turns every one of them but help
-off while any other screen is on top (Textual offers a key to the app after the screen on
+and quit off while any other screen is on top (Textual offers a key to the app after the screen on
 top, so without that an `r` typed in a viewer reached restart).
 """
 
@@ -45,8 +45,9 @@ DASHBOARD: list[BindingType] = [
 # Actions that send a request to the agent about the run (or change what is followed).
 RUN_CONTROLS = frozenset({"restart", "kill", "dump_stacks", "clear_cache", "runs"})
 
-# Everywhere: the help is a viewer itself and sends nothing.
-EVERYWHERE = frozenset({"help"})
+# Everywhere: the help is a viewer itself and sends nothing; quit leaves the run alone, and
+# a screen may bind its own key to it (the fleet's q). Every viewer binds q to close first.
+EVERYWHERE = frozenset({"help", "quit"})
 
 # The app's actions that act only while the dashboard is the screen on top.
 DASHBOARD_ONLY = frozenset(b.action for b in DASHBOARD if isinstance(b, Binding)) - EVERYWHERE
