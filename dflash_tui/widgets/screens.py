@@ -129,8 +129,8 @@ The run
            the newest dump (d), on a process of the run asks for a
            signal's name, typed
   p        replay the run's telemetry with these panes: ← → an entry,
-           [ ] a minute, Home End, e the end; control keys are off
-           there; Esc returns to live
+           [ ] a minute, Home End, e the end, / filters its log;
+           control keys are off there; q or Esc returns to live
 
 The step log
   /        filter: a regular expression, case-insensitive, applied as

@@ -180,6 +180,13 @@ def test_control_keys_are_refused_in_replay_and_escape_returns_to_live(runs):
             refused = [m for m in said if "control keys are disabled" in m]
             assert len(refused) == 5, said
 
+            # `/` filters the replayed log at its moment; the live log keeps its own filter
+            log = app.screen.query_one(StepLog)
+            await pilot.press("slash", *"step=", "enter")
+            await pilot.pause(0.2)
+            assert log.pattern == "step=" and isinstance(app.screen, ReplayScreen)
+            assert app.screen_stack[0].query_one(StepLog).pattern == ""
+
             await pilot.press("escape")
             assert not isinstance(app.screen, ReplayScreen)
             # Live: the same run, followed through the link, as it is now (it crashed).
