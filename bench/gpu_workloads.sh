@@ -10,6 +10,7 @@
 #             its full-attention layers compiled, a Gated DeltaNet layer's norms, gates and
 #             MLP compiled around fla's eager kernels)
 #   27b-eager the same with target.compile = false
+#   27b-fp8   the same with --set target.dtype=fp8 (the decoder linears in FP8, issue 31)
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role
 #             on cuda:0, then 1 target GPU + 1 drafter GPU (threads mode), same seed: tok/s of
 #             each, GPU roles, and the loss of each step both runs reached (issue 18)
@@ -21,6 +22,15 @@
 #   group     one processes-mode job over two "hosts" (two local targets, two run roots, one
 #             group in config.toml) through `dflash-tui launch/status/dump-stacks/kill pair`,
 #             each node 1 target + 1 drafter rank on cuda:0 (issue 17)
+#   fp8       the target in FP8 (target.dtype = "fp8", issue 31) against bf16 on the 8B shape
+#             (random weights, in memory): features' error per read layer, the packed
+#             4096-token forward eager and compiled (bench/fp8_target.py, a harness)
+#   fp8-checkpoint  the 8B bench target written in transformers' FP8 format (128x128 block
+#             scales, bench/make_fp8_target.py) and read back by the trainer's loader:
+#             the same figures from that checkpoint
+#   8b-chat   the 8b part's chat-data launch alone (bf16)
+#   8b-fp8    the 8B config through dflash-tui launch with --set target.dtype=fp8: tok/s
+#             (beside the 8b part's bf16 figure: run it first, on the same machine)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -105,7 +115,7 @@ gpu_memory() {  # NAME
 build_27b() {  # the Qwen3.6-27B-shaped target and a deployed release, once a machine
   [[ -d /tmp/qwen3.6-27b-random ]] && [[ -d $remote/current ]] && return
   say "build the Qwen3.6-27B-shaped target"
-  rm -rf /tmp/qwen3-8b-random  # the disk holds one large target at a time
+  rm -rf /tmp/qwen3-8b-random /tmp/qwen3-8b-fp8  # the disk holds one large target at a time
   [[ -d /tmp/qwen3.6-27b-random ]] || python3 bench/make_bench_target_qwen36.py /tmp/qwen3.6-27b-random 2>&1 | tail -2 | tee -a "$log"
   [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
 }
@@ -176,6 +186,11 @@ EOF
       build_27b
       launch_and_measure 27b-eager trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
         "${MEASURE:-45}" --set target.compile=false ;;
+    27b-fp8)  # the 27b part with the target's decoder linears in FP8 (issue 31)
+      build_27b
+      launch_and_measure 27b-fp8 trainer/configs/qwen3.6-27b-h200.toml "${SETTLE:-15}" \
+        "${MEASURE:-45}" --set target.dtype=fp8
+      grep -m1 "target FP8:" "$out/train-27b-fp8.log" | tee -a "$log" ;;
     x2)
       [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
@@ -253,12 +268,32 @@ EOF2
       cp "$run_a/train.log" "$out/train-group-node0.log" 2>/dev/null
       cp "$run_b/train.log" "$out/train-group-node1.log" 2>/dev/null
       unset XDG_CONFIG_HOME ;;
+    fp8)
+      say "FP8 target forward against bf16, the 8B shape"
+      python3 bench/fp8_target.py --out "$out/fp8-forward.json" 2>&1 | grep -v Warning | tee -a "$log" ;;
+    fp8-checkpoint)
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      say "write the 8B bench target in transformers' FP8 format"
+      [[ -d /tmp/qwen3-8b-fp8 ]] || python3 bench/make_fp8_target.py /tmp/qwen3-8b-random /tmp/qwen3-8b-fp8 2>&1 | tail -1 | tee -a "$log"
+      python3 bench/fp8_target.py --target /tmp/qwen3-8b-fp8 --no-compile \
+        --out "$out/fp8-checkpoint.json" 2>&1 | grep -v Warning | tee -a "$log" ;;
+    8b-chat)  # the 8b part's chat-data launch alone: bf16, beside 8b-fp8 in one call
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure 8b-chat trainer/configs/qwen3-8b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" ;;
+    8b-fp8)
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      # The FP8 layers are new graphs for the compile cache: a cold compile, as the 8b part's first.
+      launch_and_measure 8b-fp8 trainer/configs/qwen3-8b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" \
+        --set target.dtype=fp8
+      grep -m1 "target FP8:" "$out/train-8b-fp8.log" | tee -a "$log" ;;
     tiny)  # the script's own check, on any machine: the CPU demo config, packed vs not
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, hybrid, 27b, 27b-eager, x2, modes, group, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, 8b-chat, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
-grep -E "^RESULT|^RATIO|^MEMORY|launch ->|^HYBRID|dump-stacks rc" "$log"
+grep -E "^RESULT|^RATIO|^MEMORY|launch ->|^HYBRID|^FP8|target FP8:|dump-stacks rc" "$log"

@@ -119,6 +119,7 @@ class DFlashApp(App[int]):
         ("Filter the step log", "show only matching lines (/)", "filter"),
         ("Follow or pause the log", "(f)", "follow"),
         ("Wrap the log's long lines", "or one line each, scrolled with ← → (w)", "wrap"),
+        ("Time column in the step log", "each step line's wall-clock time, or none (C)", "clock"),
         ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
         ("View the log", "what the monitor holds, with / search, n N (v)", "log_viewer"),
         ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
@@ -338,6 +339,9 @@ class DFlashApp(App[int]):
 
     def action_follow(self) -> None:
         self.views.follow()
+
+    def action_clock(self) -> None:
+        self.views.clock()
 
     def action_zoom(self) -> None:
         self.views.zoom()

@@ -1,6 +1,6 @@
-"""The dashboard's view keys: the step log's filter, follow, wrap, top and pages, the log in
-$PAGER or in the log viewer (searchable), and zoom. Nothing here acts on the run: a page of
-train.log is read through the agent, never held up by a control command in flight.
+"""The dashboard's view keys: the step log's filter, follow, wrap, clock, top and pages, the
+log in $PAGER or in the log viewer (searchable), and zoom. Nothing here acts on the run: a page
+of train.log is read through the agent, never held up by a control command in flight.
 """
 
 from __future__ import annotations
@@ -73,6 +73,14 @@ class ViewKeys:
         wrapped = self.log().toggle_wrap(self.app.store)
         self.app.notify(
             "wrapping long lines" if wrapped else "one line each: ← → scroll", timeout=3
+        )
+        self.app.redraw(force=True)
+
+    def clock(self) -> None:
+        """The wall-clock column of the step log: each step line's time, or none."""
+        shown = self.log().toggle_clock(self.app.store)
+        self.app.notify(
+            "wall-clock time of each step line" if shown else "no time column", timeout=3
         )
         self.app.redraw(force=True)
 

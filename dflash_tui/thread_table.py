@@ -130,6 +130,44 @@ def by_cpu(rows: list[ThreadRow], procs: list[ProcRow]) -> tuple[list[ThreadRow]
     )
 
 
+# `s` steps through these (k9s's and htop's sorts): threads among threads, processes among
+# processes; a key a process has no value for (its loop) leaves the processes in their order.
+SORTS = ("pipeline", "cpu", "name", "in state", "loop")
+
+
+def sort_rows(
+    rows: list[ThreadRow], procs: list[ProcRow], key: str
+) -> tuple[list[ThreadRow], list[ProcRow]]:
+    """The rows by `key` of SORTS: pipeline (as listed), cpu (busiest first), name, in state
+    (the longest in its state first), loop (the slowest loop first)."""
+    if key == "cpu":
+        return by_cpu(rows, procs)
+    if key == "name":
+        return sorted(rows, key=lambda r: r.name), sorted(procs, key=lambda r: r.info.name)
+    if key == "in state":
+        return sorted(rows, key=lambda r: -r.in_state_s), procs
+    if key == "loop":
+        return sorted(rows, key=lambda r: -(r.period_ms or -1.0)), procs
+    return rows, procs
+
+
+def filter_rows(
+    rows: list[ThreadRow], procs: list[ProcRow], text: str
+) -> tuple[list[ThreadRow], list[ProcRow]]:
+    """The rows matching every word of `text`, case-insensitive: a thread by its name, role,
+    device, state or the queue it waits on; a process by its pid, name, role or state."""
+    words = text.lower().split()
+
+    def hit(*fields: str) -> bool:
+        hay = " ".join(fields).lower()
+        return all(w in hay for w in words)
+
+    return (
+        [r for r in rows if hit(r.name, r.role, r.device, r.state, r.waits_on)],
+        [p for p in procs if hit(str(p.info.pid), p.info.name, p.role, p.info.state)],
+    )
+
+
 def meters(h: HostSample | None, width: int = 20) -> list[str]:
     """The host meters: CPU % of the CPUs this run may use, RAM used of total, load."""
     if h is None:

@@ -30,7 +30,8 @@ class ConfigError(ValueError):
 class TargetConfig:
     # A local folder for `from_pretrained`, or "builtin:tiny-qwen3" (built once, cached).
     path: str = "builtin:tiny-qwen3"
-    # "auto": bf16 on CUDA, float32 on CPU.
+    # "auto": bf16 on CUDA, float32 on CPU. "fp8" (opt-in; CUDA, compute capability >= 8.9):
+    # the decoder layers' linears as row-scaled FP8, everything else bf16 (trainer/targets/fp8.py).
     dtype: str = "auto"
     # A packed row's full attention (documents kept apart): "varlen" (torch's varlen flash
     # kernel given the documents' boundaries: CUDA, bf16/fp16, torch >= 2.10), "mask" (a
@@ -189,7 +190,7 @@ class Config:
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "target.dtype": ("auto", "bfloat16", "float16", "float32"),
+    "target.dtype": ("auto", "bfloat16", "float16", "float32", "fp8"),
     "target.packed_attention": ("auto", "varlen", "mask"),
     "data.format": ("auto", "sharegpt", "text", "tokens"),
     "train.loss_impl": ("fused", "checkpoint"),

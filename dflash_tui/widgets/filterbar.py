@@ -27,16 +27,23 @@ class FilterBar(Horizontal):
     FilterBar #filter-error { width: auto; max-width: 75%; padding: 0 1; color: $error; }
     """
 
-    def __init__(self, apply: Callable[[str], str | None], **kw: object) -> None:
-        """`apply(pattern)`: filters the log by it, or returns why it cannot (one line)."""
+    def __init__(
+        self,
+        apply: Callable[[str], str | None],
+        placeholder: str = "regex, case-insensitive · Enter · Esc",
+        **kw: object,
+    ) -> None:
+        """`apply(pattern)`: filters the log (or a list: the runs screen) by it, or returns
+        why it cannot (one line)."""
         super().__init__(**kw)  # type: ignore[arg-type]
         self.apply = apply
+        self.placeholder = placeholder
         self.before = ""  # the filter when the bar opened: what Esc puts back
         self._back_to: Widget | None = None  # the focus when it opened
 
     def compose(self) -> ComposeResult:
         yield Static(Text("/"), id="filter-label")
-        yield Input(id="filter-input", placeholder="regex, case-insensitive · Enter · Esc")
+        yield Input(id="filter-input", placeholder=self.placeholder)
         yield Static(id="filter-error")
 
     def open(self, current: str) -> None:

@@ -32,6 +32,7 @@ DASHBOARD: list[BindingType] = [
     Binding("slash", "filter", "filter"),
     Binding("f", "follow", "follow"),
     Binding("w", "wrap", "wrap"),
+    Binding("C", "clock", "clock", show=False),
     Binding("o", "pager", "pager"),
     Binding("v", "log_viewer", "log viewer", show=False),
     Binding("z", "zoom", "zoom"),

@@ -10,9 +10,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Label, Static
 
-from dflash_tui.evaluation import best_tau
+from dflash_tui import runs_view
 from dflash_tui.facts import run_outcome
 from dflash_tui.widgets import keys, safe
+from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.search import Search, SearchText
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
@@ -123,11 +124,13 @@ The run
            while a run lives
   l Enter  choose a run (Enter on a row: its whole history, alive or
            not); by default the latest. In the list: space marks runs,
-           c compares the marked ones
+           c compares the marked ones, / filters (words, outcome:KIND),
+           s sorts (start, tok/s, τ, steps), S turns the order round
   i        run info: how it ended, its exit, environment, whole config
   T        threads and processes: Enter on a thread shows its part of
            the newest dump (d), on a process of the run asks for a
-           signal's name, typed
+           signal's name, typed; s sorts (CPU, name, time in state,
+           loop), / filters by words
   p        replay the run's telemetry with these panes: ← → an entry,
            [ ] a minute, Home End, e the end, / filters its log;
            control keys are off there; q or Esc returns to live
@@ -138,6 +141,8 @@ The step log
            empty = all; the log's title counts the lines shown
   f        follow / pause
   w        wrap long lines, or one line each (← → scroll sideways)
+  C        a wall-clock column: each step line's time (metrics.jsonl's),
+           in your time zone; other lines leave it blank
   o        the log in $PAGER (plain less without one); q comes back
   v        the log in a viewer: / search, n N next / previous
   g Home   train.log from its first line, paged (PgUp at the top: the
@@ -151,6 +156,10 @@ Panes
            step log, alerts, stack viewer, runs list, this help
   g G      to the top / the bottom
   L        on the plots: the loss on a log scale, or back
+  + -      on the plots: smooth more / less (EMA 0.6 … 0.99, or raw)
+  x        on the plots: time (minutes) or step on the x-axis
+  ← →      on the plots: a cursor over the rows, their values above;
+           → past the newest puts it away
   x        on the alerts: what each alert's code means, how it is
            decided and what to do (dflash-tui explain); ← → between them
   mouse    the wheel scrolls the pane under the pointer; click focuses
@@ -220,13 +229,19 @@ class RunsTable(DataTable[object]):
 
 class RunsScreen(ModalScreen[str | list[str] | None]):
     """Runs under the run root, with how each ended (the outcome's words); Enter picks one
-    (its id), space marks runs and c compares the marked ones (their ids, as a list)."""
+    (its id), space marks runs and c compares the marked ones (their ids, as a list); `/`
+    filters (runs_view.RunFilter: words, `outcome:KIND`), `s` sorts by the next key (start,
+    tok/s, τ, steps), `S` turns the order round. The columns that fit the width are shown,
+    in priority order (runs_view.COLUMNS)."""
 
     BINDINGS = [
         Binding("escape,q", "cancel", "back"),
         Binding("a", "latest", "follow latest"),
         Binding("space", "mark", "mark"),
         Binding("c", "compare", "compare marked"),
+        Binding("slash", "filter", "filter"),
+        Binding("s", "sort", "sort"),
+        Binding("S", "reverse", "reverse", show=False),
         Binding("l", "cancel", "back", show=False),  # not a second runs list over this one
     ]
     DEFAULT_CSS = """
@@ -235,47 +250,112 @@ class RunsScreen(ModalScreen[str | list[str] | None]):
                             background: $surface; }
     RunsScreen DataTable { height: 1fr; }
     """
+    WIDTH = 140  # the box's width when the terminal has it
+    SHOWN = ("id", "outcome", "steps", "toks", "tau", "phase", "error")
 
     def __init__(self, runs: list[RunInfo], current: str | None) -> None:
         super().__init__()
         self.runs, self.current = runs, current
         self.marked: list[str] = []  # in the order marked
+        self.filter_text = ""
+        self.sort = "start"
+        self.reverse = False
+        self.shown: list[RunInfo] = []
+        self._width = 0
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label(
-                Text(
-                    " Runs — Enter: show this run · space: mark · c: compare marked · "
-                    "a: follow the latest · esc: back",
-                    style="bold",
-                )
-            )
+            yield Label(id="runs-title")
             yield RunsTable(cursor_type="row", id="runs")
+        yield FilterBar(self.apply_filter, placeholder="words, outcome:KIND · Enter · Esc")
 
     def on_mount(self) -> None:
+        self.fill(keep=self.current)
+        self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        if self._table_width() != self._width:
+            self.fill(keep=self._cursor_run())
+
+    def _table_width(self) -> int:
+        # the box less its border, and the table's scrollbar
+        return min(self.WIDTH, self.app.size.width) - 4
+
+    def _cursor_run(self) -> str | None:
         table = self.query_one(DataTable)
-        self.id_column, *_ = table.add_columns(
-            "run id", "outcome", "phase", "steps", "best tok/s", "best τ", "error"
+        if not table.row_count:
+            return None
+        return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+    def fill(self, keep: str | None = None) -> None:
+        """The table anew: the runs the filter lets through, sorted, the columns that fit."""
+        table = self.query_one(DataTable)
+        self._width = self._table_width()
+        self.shown = runs_view.view(self.runs, self.filter_text, self.sort, self.reverse)
+        plan = runs_view.plan_columns(self.shown or self.runs, self._width, self.SHOWN)
+        table.clear(columns=True)
+        for c, w in plan:
+            key = table.add_column(c.header.lower(), width=w, key=c.name)
+            if c.name == "id":
+                self.id_column = key
+        for r in self.shown:
+            cells = []
+            for c, w in plan:
+                text = runs_view.fit(c.cell(r), w)
+                if c.name == "outcome":
+                    kind = run_outcome(r).kind
+                    cells.append(safe.text(text, OUTCOME_STYLE.get(kind, "dim")))
+                elif c.name == "id" and r.run_id in self.marked:
+                    cells.append(Text("● ", style="bold") + safe.text(text))
+                else:  # a str cell would be read as markup: the host's strings as Text
+                    cell = safe.text(text)
+                    if c.right:
+                        cell.justify = "right"
+                    cells.append(cell)
+            table.add_row(*cells, key=r.run_id)
+        ids = [r.run_id for r in self.shown]
+        if keep in ids:
+            table.move_cursor(row=ids.index(keep))
+        self._title(len(plan))
+
+    def _title(self, columns: int) -> None:
+        t = Text(" Runs", style="bold")
+        t.append(f" · {len(self.shown)} of {len(self.runs)} · sort: {self.sort}")
+        if self.reverse:
+            t.append(" reversed")
+        if self.filter_text:
+            t.append(" · filter: ")
+            t.append(safe.text(self.filter_text))  # the operator's words, as typed
+        hidden = len(self.SHOWN) - columns
+        if hidden:
+            t.append(f" · {hidden} more column{'s' if hidden != 1 else ''} wider", "dim")
+        t.append(
+            "\n Enter open · space mark · c compare · / filter · s/S sort/reverse · a latest",
+            style="dim",
         )
-        for r in reversed(self.runs):
-            outcome = run_outcome(r)
-            ended = safe.text(outcome.summary[:60], OUTCOME_STYLE.get(outcome.kind, "dim"))
-            best = r.best_tok_s
-            table.add_row(  # a str cell would be read as markup: the host's strings as Text
-                safe.text(r.run_id),
-                ended,
-                safe.text(r.phase or "—"),
-                str(r.steps),
-                f"{best:,.0f}" if best else "—",
-                best_tau(r),
-                safe.text((r.error or "")[:50]),
-                key=r.run_id,
-            )
-        if self.current:
-            for i, r in enumerate(reversed(self.runs)):
-                if r.run_id == self.current:
-                    table.move_cursor(row=i)
-        table.focus()
+        self.query_one("#runs-title", Label).update(t)
+
+    def apply_filter(self, text: str) -> str | None:
+        """The filter bar's text on the list; why not, in one line."""
+        try:
+            runs_view.parse_filter(text)
+        except runs_view.RunsViewError as e:
+            return str(e).removeprefix("--filter ")
+        self.filter_text = text
+        self.fill(keep=self._cursor_run())
+        return None
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open(self.filter_text)
+
+    def action_sort(self) -> None:
+        keys = list(runs_view.SORTS)
+        self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
+        self.fill(keep=self._cursor_run())
+
+    def action_reverse(self) -> None:
+        self.reverse = not self.reverse
+        self.fill(keep=self._cursor_run())
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         self.dismiss(str(event.row_key.value))

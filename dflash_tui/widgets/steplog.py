@@ -5,11 +5,16 @@ buffer, the widget a fixed number of lines.
 Paged back (g / Home: the file's first page; PageUp at the top: the page before; PageDown at
 the bottom: the page after): the widget asks the app for a page by byte range (`PageWanted`)
 and shows that window of the file (dflash_tui/log_pages.py), then the store's tail where the
-two join; f or G / End goes back to following the newest lines."""
+two join; f or G / End goes back to following the newest lines.
+
+A wall-clock column (C on the dashboard): each step line's time, as metrics.jsonl's row of
+that step recorded it (the trainer's clock), in the operator's time zone; a line that is no
+step line has no time of its own and leaves the column blank."""
 
 from __future__ import annotations
 
 import re
+import time
 
 from rich.text import Text
 from textual import events
@@ -28,6 +33,8 @@ _TOKS = re.compile(r"\(([\d.]+[KM]?tok/s)\)")
 # The trainer's `[479m] ` (minutes since the run started): bracketed, it reads as a leaked
 # ANSI code in a terminal (ESC[0m), so it is shown as `+479m`.
 _ELAPSED = re.compile(r"^\[(\d{1,9})m\] ")
+_STEP = re.compile(r"^\[\d{1,9}m\] step=(\d{1,12}) ")
+CLOCK_WIDTH = 9  # "HH:MM:SS "
 
 
 class FilterError(ValueError):
@@ -76,6 +83,30 @@ def highlight(raw: str) -> Text:
     return t
 
 
+def step_of(raw: str) -> int | None:
+    """The step a step line reports; None for any other line."""
+    m = _STEP.match(raw)
+    return int(m.group(1)) if m else None
+
+
+def step_time(s: Store, step: int) -> float | None:
+    """When the trainer logged `step`: its metrics row's time (the newest rows first: a live
+    line's row is among the last). None when no row of that step is held."""
+    for row in reversed(s.metrics):
+        if row.step == step:
+            return row.time or None
+        if row.step < step:
+            return None
+    return None
+
+
+def clock_cell(t: float | None) -> Text:
+    """The column's cell: `HH:MM:SS ` local time, or blank."""
+    if t is None:
+        return Text(" " * CLOCK_WIDTH)
+    return Text(time.strftime("%H:%M:%S ", time.localtime(t)), style="dim cyan")
+
+
 class StepLog(RichLog):
     MAX_LINES = 2000
     # Arrows (left/right too, unwrapped) come with the scroll view; g and G here page the
@@ -108,6 +139,8 @@ class StepLog(RichLog):
         self.reading = False  # scrolled up by the operator: new lines do not pull it down
         self._follows = 0  # the store's fresh follows this widget has shown
         self.window: Window | None = None  # paged back: the lines fetched, else None
+        self.clock = False  # the wall-clock column (C)
+        self._times: dict[int, float] | None = None  # step -> row time, during a rebuild
 
     # -- paging back -------------------------------------------------------------------
     def action_log_top(self) -> None:
@@ -191,9 +224,11 @@ class StepLog(RichLog):
         self.pattern = pattern
         self.rebuild(s)
 
-    def _write(self, t: Text, scroll_end: bool) -> None:
+    def _write(self, t: Text, scroll_end: bool, raw: str = "", s: Store | None = None) -> None:
         if self._regex is not None and not self._regex.search(t.plain):
             return
+        if self.clock:  # after the filter: it reads the line, not the time before it
+            t = clock_cell(self._time_of(raw, s)) + t
         # Unwrapped, a line keeps its whole width (scroll left/right to read its end: a
         # traceback's "line 314" must not read "line 31"); wrapped, it folds at the pane.
         self.write(t, shrink=self.wrap, scroll_end=scroll_end)
@@ -207,8 +242,10 @@ class StepLog(RichLog):
             self.window = None  # another run (or this one afresh): its window is not this one
         lines = self.paged_lines(s)
         paged = self.window is not None
+        self._times = {r.step: r.time for r in s.metrics if r.time} if self.clock else None
         for ln in lines[: self.MAX_LINES] if paged else lines[-self.MAX_LINES :]:
-            self._write(highlight(ln), scroll_end=self.following and not paged)
+            self._write(highlight(ln), self.following and not paged, ln, s)
+        self._times = None
         self._run_id, self._total_seen, self._follows = s.run_id, s.log_total, s.follows
 
     def update_from(self, s: Store) -> None:
@@ -224,7 +261,26 @@ class StepLog(RichLog):
             return
         self._total_seen = s.log_total
         for ln in list(s.log_lines)[-min(new, len(s.log_lines)) :]:
-            self._write(highlight(ln), scroll_end=not self.reading)
+            self._write(highlight(ln), not self.reading, ln, s)
+
+    def _time_of(self, raw: str, s: Store | None) -> float | None:
+        """A step line's wall-clock time: from the rows gathered for a rebuild, else the
+        store's rows; the newest step line whose row has not come yet (metrics.jsonl and
+        train.log are followed apart) takes the time its line arrived."""
+        step = step_of(raw)
+        if step is None:
+            return None
+        if s is None:
+            return None
+        t = self._times.get(step) if self._times is not None else step_time(s, step)
+        if t is None and s.step_lines and s.step_lines[-1].step == step:
+            t = s.last_step_line_at
+        return t
+
+    def toggle_clock(self, s: Store) -> bool:
+        self.clock = not self.clock
+        self.rebuild(s)
+        return self.clock
 
     # Scrolled up to read (k, PgUp, g, the wheel): new lines come in below and the view
     # stays, until the operator scrolls back to the end (G, End, j or the wheel down there).
@@ -286,6 +342,8 @@ class StepLog(RichLog):
             t.append("  [paused: f to follow]", style="yellow")
         if self.wrap:
             t.append("  [wrap]", style="dim")
+        if self.clock:
+            t.append("  [clock]", style="dim")
         if self.pattern:
             lines = list(self._store.log_lines) if self._store is not None else []
             regex = self._regex

@@ -1,5 +1,6 @@
 """The thread/process table (T): host meters, then a row per trainer thread and a row per
-process of the run's proven group, htop style; `s` sorts by CPU, j/k or the arrows move.
+process of the run's proven group, htop style; `s` sorts by the next key (CPU, name, time in
+state, loop; thread_table.SORTS), `/` filters by words, j/k or the arrows move.
 
 A viewer (dflash_tui/widgets/keys.py): nothing here sends a request without a typed word. Enter on
 a thread row shows that thread's section of the newest stack dump taken (d on the
@@ -12,7 +13,6 @@ string in them is the host's: cells are `Text` from widgets/safe.py.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rich.text import Text
@@ -26,9 +26,8 @@ from dflash_tui.fmt import duration, size
 from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.dialogs import TypedConfirm
+from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.screens import TextScreen
-from dflash_tui.widgets.search import SearchBar
-from dflash_tui.widgets.steplog import FilterError, compile_filter
 from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 
 COLUMNS = ("", "name", "role", "device", "state", "for", "CPU %", "RSS", "slowest stage", "loop")
@@ -79,10 +78,8 @@ SIGNAL_WHAT = (
 class ThreadsScreen(Screen[None]):
     BINDINGS = [
         Binding("escape,q", "app.pop_screen", "back"),
-        Binding("s", "sort", "sort by CPU"),
-        Binding("slash", "search", "search"),
-        Binding("n", "next_match", "next match", show=False),
-        Binding("N", "previous_match", "previous match", show=False),
+        Binding("s", "sort", "sort"),
+        Binding("slash", "filter", "filter"),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
     ]
@@ -94,10 +91,10 @@ class ThreadsScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.by_cpu = False
-        self._drawn: tuple[int, bool] | None = None
+        self.sort = thread_table.SORTS[0]
+        self.filter_text = ""
+        self._drawn: tuple[int, str, str] | None = None
         self.rows: dict[str, thread_table.ThreadRow | thread_table.ProcRow] = {}
-        self.regex: re.Pattern[str] | None = None  # `/`'s, over each row's cells
 
     @property
     def dapp(self) -> Any:
@@ -109,7 +106,7 @@ class ThreadsScreen(Screen[None]):
         yield Static(id="meters")
         yield Static(id="group")
         yield DataTable(cursor_type="row", zebra_stripes=True, id="threads")
-        yield SearchBar(self.submit_search, id="search-bar")
+        yield FilterBar(self.apply_filter, placeholder="words, case-insensitive · Enter · Esc")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -122,14 +119,19 @@ class ThreadsScreen(Screen[None]):
     def refresh_rows(self, force: bool = False) -> None:
         store = self.dapp.store
         self.query_one("#meters", Static).update(Text("\n".join(thread_table.meters(store.host))))
-        state = (store.version, self.by_cpu)
+        state = (store.version, self.sort, self.filter_text)
         if not force and state == self._drawn:
             return
         self._drawn = state
-        self.query_one("#group", Static).update(safe.text(thread_table.group_note(store)))
+        note = safe.text(thread_table.group_note(store))
+        note.append(f"  · sorted by {self.sort} (s)", style="dim")
+        if self.filter_text:
+            note.append("  · filter ")
+            note.append(safe.text(self.filter_text))  # the operator's words, as typed
+        self.query_one("#group", Static).update(note)
         threads, procs = thread_table.thread_rows(store), thread_table.proc_rows(store)
-        if self.by_cpu:
-            threads, procs = thread_table.by_cpu(threads, procs)
+        threads, procs = thread_table.filter_rows(threads, procs, self.filter_text)
+        threads, procs = thread_table.sort_rows(threads, procs, self.sort)
         table = self.query_one(DataTable)
         keep = self._cursor_key(table)
         table.clear()
@@ -152,55 +154,18 @@ class ThreadsScreen(Screen[None]):
             return None
 
     def action_sort(self) -> None:
-        self.by_cpu = not self.by_cpu
+        keys = thread_table.SORTS
+        self.sort = keys[(keys.index(self.sort) + 1) % len(keys)]
         self.refresh_rows(force=True)
-        self.dapp.notify("sorted by CPU" if self.by_cpu else "in pipeline order", timeout=2)
+        self.dapp.notify(f"sorted by {self.sort}", timeout=2)
 
-    # -- `/`: the cursor to the next row whose cells match, n / N from there -----------------
-    def action_search(self) -> None:
-        self.query_one(SearchBar).open(self.regex.pattern if self.regex else "")
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open(self.filter_text)
 
-    def submit_search(self, pattern: str) -> bool:
-        try:
-            self.regex = compile_filter(pattern)
-        except FilterError as e:
-            self.dapp.notify(f"/{pattern}: {e}", severity="error", timeout=4)
-            return False
-        self._to_match(0)
-        return True
-
-    def action_next_match(self) -> None:
-        self._to_match(1)
-
-    def action_previous_match(self) -> None:
-        self._to_match(-1)
-
-    def _to_match(self, by: int) -> None:
-        """From the cursor's row (0: that row too), the next (1) or previous (-1) row that
-        matches, round the ends."""
-        if self.regex is None:
-            self.dapp.notify("nothing searched yet: / to search", timeout=3)
-            return
-        table = self.query_one(DataTable)
-        texts = [
-            " ".join(str(getattr(c, "plain", c)) for c in table.get_row_at(i))
-            for i in range(table.row_count)
-        ]
-        hits = [i for i, t in enumerate(texts) if self.regex.search(t)]
-        if not hits:
-            self.dapp.notify(f"/{self.regex.pattern}: no match", timeout=3)
-            return
-        here = table.cursor_row
-        if by >= 0:
-            after = [i for i in hits if (i >= here if by == 0 else i > here)]
-            row = after[0] if after else hits[0]
-        else:
-            before = [i for i in hits if i < here]
-            row = before[-1] if before else hits[-1]
-        table.move_cursor(row=row)
-        self.dapp.notify(
-            f"/{self.regex.pattern}: row {row + 1} ({len(hits)} rows match)", timeout=2
-        )
+    def apply_filter(self, text: str) -> str | None:
+        self.filter_text = text
+        self.refresh_rows(force=True)
+        return None
 
     def action_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()

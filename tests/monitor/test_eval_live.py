@@ -129,3 +129,32 @@ def test_the_tui_shows_the_runs_tau(evaluated, tmp_path, monkeypatch):
     # With no GPU on the host the pane keeps its rows for what runs (status says why graphs
     # are off); tests/monitor/test_cuda_graphs.py has the pane's words for a GPU run.
     assert not [ln for ln in text.splitlines() if ln.strip().startswith("graphs")], text
+
+
+def test_the_plots_draw_the_runs_held_out_tau(evaluated, tmp_path, monkeypatch):
+    """The streak plot carries the held-out τ curve: each eval metrics.jsonl records, at its
+    step, read through the real agent (issue 32, as W&B shows an eval curve)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.targets import resolve_target
+    from dflash_tui.widgets.plots import PlotPanel
+
+    root, run_dir, _ = evaluated
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recorded = {float(r["eval"]["step"]): r["eval"]["tau"] for r in rows if r.get("eval")}
+    recorded = {step: tau for step, tau in recorded.items() if tau is not None}
+    assert len(recorded) >= 2
+    target = resolve_target("local", run_root=str(root), python=sys.executable)
+
+    async def go() -> dict[float, float]:
+        app = DFlashApp(target, theme_name="dark")
+        async with app.run_test(size=(160, 48)) as pilot:
+            for _ in range(300):
+                await pilot.pause(0.1)
+                fig = app.query_one("#plot-streak", PlotPanel).figure
+                lines = {line[0]: line for line in fig.lines} if fig else {}
+                if "τ" in lines and len(lines["τ"][2]) == len(recorded):
+                    return dict(zip(lines["τ"][2], lines["τ"][3], strict=True))
+            raise AssertionError("no τ curve drawn")
+
+    assert asyncio.run(go()) == recorded

@@ -396,6 +396,9 @@ class Run:
         if setup.loader is not None and setup.loader.is_alive():
             self.state.set_phase(LOADING_TARGET)  # compiled first: now wait for the weights
         setup.finish_loading()
+        fp8 = next(iter(setup.targets.values())).fp8 if setup.targets else None
+        if fp8 is not None:  # target.dtype = "fp8": what went FP8, for whoever reads the log
+            self.log.line(fp8.line())
         target_s = warm_up_targets(setup)  # target.compile: its graphs, before any thread
         if target_s:
             self.graphs_after_warmup = comp.graphs = graphs_compiled()

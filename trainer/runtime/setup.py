@@ -36,6 +36,7 @@ from trainer.model.optim import make_optimizer
 from trainer.model.replicas import DrafterReplicas
 from trainer.model.step import LossSettings
 from trainer.runtime.faults import FaultPlan
+from trainer.targets import fp8 as fp8_weights
 from trainer.targets.load import (
     LoadedTarget,
     TargetInfo,
@@ -91,7 +92,12 @@ class TargetLoader(threading.Thread):
                     self._targets[dev] = load_embeddings(self.path, dtype, dev)
                 else:
                     self._targets[dev] = load_target(
-                        self.path, self.layer_ids, dtype, dev, self.packed_attention
+                        self.path,
+                        self.layer_ids,
+                        dtype,
+                        dev,
+                        self.packed_attention,
+                        fp8=self.dtype_name == "fp8",
                     )
                 self.progress(i + 1)  # counted in target copies only (build_run)
         except BaseException as e:  # re-raised on the main thread by result()
@@ -264,8 +270,9 @@ def build_run(
     for dev in drafter_devices[1:]:
         loss_settings(cfg, dev)  # refuses flex on a CPU replica too
     check_cuda_graphs(cfg.eval.cuda_graphs, target_devices[0])  # where the eval runs
-    if run_target:  # refuses varlen where it cannot run, before anything loads
+    if run_target:  # refuses varlen or FP8 where it cannot run, before anything loads
         for dev in target_devices:
+            fp8_weights.check_fp8_device(cfg.target.dtype, dev)
             resolve_packed_attention(
                 cfg.target.packed_attention, dev, resolve_dtype(cfg.target.dtype, dev)
             )
@@ -273,6 +280,8 @@ def build_run(
         data_path = resolve_data_path(cfg.data.path)  # a builtin may be built here, once
         target_path = resolve_target_path(cfg.target.path)
     info = read_target_info(target_path)
+    if run_target and fp8_weights.quantization_config(target_path) is not None:
+        fp8_weights.check_block_scaled(target_path)  # the headers only: before the heavy load
     n_draft = cfg.drafter.num_layers
     # DFlash's spread reads one target layer per drafter layer: none for more than the target has.
     default_ids = (

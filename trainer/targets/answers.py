@@ -50,22 +50,47 @@ class Decoding:
 def load_decoding(cfg: Config, target_path: Path, data_path: Path, device: str) -> Decoding:
     """The whole target at `target_path` and the samples of `data_path`, as `cfg` trains on
     them. Raises ValueError, OSError or RuntimeError as loading does."""
-    from transformers import AutoModelForCausalLM
-
     from trainer.data.tokenized import load_tokenized
     from trainer.targets.load import load_tokenizer, read_target_info, resolve_dtype
 
     dev = torch.device(device)
     tokenizer, _mask_id = load_tokenizer(target_path, cfg.drafter.mask_token)
     dtype = resolve_dtype(cfg.target.dtype, dev)
-    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype)
-    model = model.to(dev).eval()  # type: ignore[arg-type]
+    model = load_whole_model(target_path, cfg.target.dtype, dtype, dev)
     data = load_tokenized(
         data_path, tokenizer, cfg.data.format, max(cfg.data.seq_buckets), lambda _m: None,
         cache_root=Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else None,
         use_cache=cfg.data.cache, vocab_size=read_target_info(target_path).vocab_size,
     )  # fmt: skip
     return Decoding(model, tokenizer, dtype, dev, data.samples)
+
+
+def load_whole_model(path: Path, dtype_name: str, dtype: torch.dtype, dev: torch.device) -> Any:
+    """HF's whole model of the target, on `dev`. A checkpoint in transformers' FP8 format is
+    read by trainer/targets/fp8.py (HF's own FP8 loader wants accelerate and its own layers);
+    `target.dtype = "fp8"` gives FP8 decoder linears where `dev` runs them, else (a CPU)
+    the bf16 ones: an offline eval of an FP8 run still runs there."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.targets import fp8 as fp8_weights
+
+    block_scaled = fp8_weights.quantization_config(path) is not None
+    kwargs: dict[str, Any] = {}
+    if block_scaled:
+        config = AutoConfig.from_pretrained(path)
+        del config.quantization_config
+        kwargs["config"] = config
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    model = model.to(dev).eval()
+    use_fp8 = dtype_name == "fp8" and fp8_weights.fp8_unsupported(dev) is None
+    if block_scaled or use_fp8:
+        base = model.model
+        layers = getattr(base, "language_model", base).layers  # the multimodal wrapper's
+        if block_scaled:
+            fp8_weights.load_block_scaled(layers, path, 0, use_fp8, dtype)
+        else:
+            fp8_weights.convert_linears(layers)
+    return model
 
 
 @torch.no_grad()

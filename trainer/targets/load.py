@@ -9,7 +9,6 @@ largest single matmul) all of it: the target's own logits are never computed.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from trainer.targets import fp8 as fp8_weights
+from trainer.targets.files import checkpoint_files
 from trainer.targets.packing import (
     DocBounds,
     HybridLayerParts,
@@ -50,6 +51,10 @@ def resolve_packed_attention(name: str, device: torch.device, dtype: torch.dtype
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The target's dtype: its activations', and every weight's but FP8 decoder linears'
+    ("fp8": bf16 around them, trainer/targets/fp8.py)."""
+    if name == "fp8":
+        return torch.bfloat16
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
@@ -232,6 +237,8 @@ class LoadedTarget:
     # adds the dropped layers to it for the held-out eval's verification.
     model: Any = None
     path: Path | None = None
+    # What went FP8 (`target.dtype = "fp8"`); None for a target in one dtype.
+    fp8: fp8_weights.Fp8Report | None = None
 
 
 # The architectures a target may be saved as (config.json's `architectures`), by the
@@ -319,6 +326,7 @@ def load_target(
     dtype: torch.dtype,
     device: torch.device,
     packed_attention: str = "auto",
+    fp8: bool = False,
 ) -> LoadedTarget:
     """Load the text model's layers 0..max(layer_ids) only, through HF's `from_pretrained`.
 
@@ -327,10 +335,19 @@ def load_target(
     wrapper): HF renames the wrapper's `model.language_model.*` weights to `model.*`, and
     the vision tower's and the dropped layers' tensors match nothing, so they are never
     materialized (safetensors slices are read lazily, per matched key).
+
+    `fp8` (`target.dtype = "fp8"`): the decoder layers' linears become row-scaled FP8
+    (trainer/targets/fp8.py). A checkpoint in transformers' FP8 format is read by our own
+    reader whatever the dtype: HF's loader is handed the config without its
+    `quantization_config` (its own FP8 layers are not ours), and the block-scaled weights it
+    cast without their scales are replaced.
     """
     from transformers import AutoModelForCausalLM
 
+    block_scaled = fp8_weights.quantization_config(path) is not None
     config = text_config(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     full = config.num_hidden_layers
     check_layer_ids(layer_ids, full)
     keep = max(layer_ids) + 1
@@ -357,6 +374,11 @@ def load_target(
         raise ValueError(f"target {path}: weights missing from the checkpoint: {missing[:4]}")
     model.to(device).eval().requires_grad_(False)
     base = model.model
+    report = None
+    if block_scaled:
+        report = fp8_weights.load_block_scaled(base.layers, path, 0, fp8, dtype)
+    elif fp8:
+        report = fp8_weights.convert_linears(base.layers)
     packed = resolve_packed_attention(packed_attention, device, dtype)
     if packed == "varlen" and base.config._attn_implementation != "sdpa":
         # HF calls another attention function than the one varlen is registered as.
@@ -377,18 +399,8 @@ def load_target(
         layer_ids=list(layer_ids),
         model=model,
         path=path,
+        fp8=report if fp8 else None,
     )
-
-
-def checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / name for name in dict.fromkeys(weight_map.values())]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"target {path}: no .safetensors weights in it")
-    return files
 
 
 class NoFeatures:

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.targets.load import LoadedTarget, checkpoint_files, text_config
+from trainer.targets import fp8 as fp8_weights
+from trainer.targets.files import checkpoint_files
+from trainer.targets.load import LoadedTarget, text_config
 
 
 def _layer_tensors(path: Path, layers: range) -> dict[int, dict[str, torch.Tensor]]:
@@ -59,6 +61,8 @@ def whole_target(loaded: LoadedTarget, dtype: torch.dtype, device: torch.device)
     # (target.compile) running on its own thread meanwhile fails its guard on that global and
     # recompiles (seen on the H200: 4 graphs recompiled as the eval thread started).
     config.dtype = None
+    if hasattr(config, "quantization_config"):  # an FP8 checkpoint: its scales folded below
+        del config.quantization_config
     with torch.device("meta"):
         whole: Any = AutoModelForCausalLM.from_config(config)
     base = whole.model
@@ -77,10 +81,14 @@ def whole_target(loaded: LoadedTarget, dtype: torch.dtype, device: torch.device)
     for i in range(keep, full):
         with torch.device(device):
             layer = layer_cls(config, i).to(dtype)
-        missing, unexpected = layer.load_state_dict(tensors[i], strict=False)
+        # An FP8 checkpoint's block-scaled weights, dequantised (its scales would not match).
+        state = fp8_weights.fold_block_scales(tensors[i], dtype)
+        missing, unexpected = layer.load_state_dict(state, strict=False)
         if missing or unexpected:  # a wrong mapping would leave random weights: refuse
             names = sorted(missing)[:3] or sorted(unexpected)[:3]
             raise ValueError(f"target {loaded.path}: layer {i}'s weights do not match: {names}")
+        if loaded.fp8 is not None:  # FP8 like the layers it joins (`target.dtype = "fp8"`)
+            fp8_weights.convert_linears(layer)
         layers.append(layer.eval().requires_grad_(False))
     base.layers = nn.ModuleList(layers)
     left = [n for n, t in [*whole.named_parameters(), *whole.named_buffers()] if t.is_meta]

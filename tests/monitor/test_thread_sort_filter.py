@@ -1,0 +1,70 @@
+"""The threads list (T) sorts and filters as k9s's and htop's lists do (issue 32, "filter
+and sort in the runs and threads lists"): `s` steps through pipeline order, CPU, name, time in
+state and loop period; `/` keeps the rows matching every word typed. On a heartbeat a real
+CPU run wrote (tests/fixtures/heartbeats/training-cpu.json), in the pure rows and through the
+real app under Pilot."""
+
+from __future__ import annotations
+
+import asyncio
+
+from test_thread_table import recorded_store
+
+from dflash_tui import thread_table
+from dflash_tui.app import DFlashApp
+from dflash_tui.targets import Target
+from dflash_tui.widgets.thread_table import ThreadsScreen
+
+
+def test_sorts_and_filters_of_a_real_heartbeats_threads() -> None:
+    rows = thread_table.thread_rows(recorded_store())
+    by = {key: thread_table.sort_rows(rows, [], key)[0] for key in thread_table.SORTS}
+    assert by["pipeline"] == rows
+    assert [r.name for r in by["name"]] == sorted(r.name for r in rows)
+    cpu = [r.cpu_pct for r in by["cpu"]]
+    assert cpu == sorted(cpu, reverse=True) and cpu[0] > cpu[-1]
+    waited = [r.in_state_s for r in by["in state"]]
+    assert waited == sorted(waited, reverse=True)
+    loops = [r.period_ms for r in by["loop"] if r.period_ms is not None]
+    assert loops == sorted(loops, reverse=True) and len(loops) >= 5
+    assert by["loop"][-1].period_ms is None  # a thread without a loop comes last
+
+    drafters, _ = thread_table.filter_rows(rows, [], "DRAFTER")
+    assert {r.name for r in drafters} == {"drafter-0", "drafter-1"}
+    waiting, _ = thread_table.filter_rows(rows, [], "q_hs full")  # every word
+    assert [r.name for r in waiting] == ["target-1"]
+    assert thread_table.filter_rows(rows, [], "")[0] == rows
+    assert thread_table.filter_rows(rows, [], "nothing-like-it")[0] == []
+
+
+def test_the_threads_screen_sorts_and_filters_under_pilot() -> None:
+    async def go() -> None:
+        recorded = recorded_store()
+        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        async with app.run_test(size=(160, 48)) as pilot:
+            app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
+            app.store.version += 1
+            await pilot.press("T")
+            await pilot.pause(0.3)
+            screen = app.screen
+            assert isinstance(screen, ThreadsScreen)
+
+            def names() -> list[str]:
+                return [k.removeprefix("thread:") for k in screen.rows if k.startswith("thread:")]
+
+            pipeline = names()
+            assert pipeline[:2] == ["prefetch-0", "prefetch-1"]
+            await pilot.press("s", "s")  # CPU, then name
+            assert names() == sorted(pipeline)
+            assert "sorted by name (s)" in str(screen.query_one("#group").render())
+
+            await pilot.press("slash", *"target", "enter")
+            assert names() == ["target-0", "target-1"]  # by name still, filtered
+            assert "filter target" in str(screen.query_one("#group").render())
+            await pilot.press("slash", "ctrl+u", *"waits", "escape")  # Esc: the one before
+            assert names() == ["target-0", "target-1"]
+            await pilot.press("s", "s", "s")  # in state, loop, back to the pipeline's order
+            await pilot.press("slash", "ctrl+u", "enter")
+            assert names() == pipeline
+
+    asyncio.run(go())
