@@ -22,7 +22,6 @@ from typing import Any
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
@@ -38,7 +37,7 @@ from dflash_tui.link.link import Link
 from dflash_tui.notify import Notifier
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
-from dflash_tui.widgets import layout, palette
+from dflash_tui.widgets import keys, layout, palette
 from dflash_tui.widgets.alerts import AlertsBox, AlertsPane
 from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.gpus import GpuPane
@@ -62,28 +61,7 @@ from dflash_tui.widgets.thread_table import ThreadsScreen
 class DFlashApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
-    # Help and quit first: at 80 columns the footer shows the first few only. Kill is K
-    # (shift): k scrolls up, as j k g G do everywhere a list scrolls (widgets/panes.py).
-    BINDINGS = [
-        Binding("question_mark", "help", "help"),
-        Binding("q", "quit", "quit"),
-        Binding("r", "restart", "restart"),
-        Binding("K", "kill", "kill"),
-        Binding("d", "dump_stacks", "stacks"),
-        Binding("c", "clear_cache", "clear cache"),
-        Binding("l,enter", "runs", "runs"),
-        Binding("slash", "filter", "filter"),
-        Binding("f", "follow", "follow"),
-        Binding("w", "wrap", "wrap"),
-        Binding("C", "clock", "clock", show=False),
-        Binding("o", "pager", "pager"),
-        Binding("z", "zoom", "zoom"),
-        Binding("p", "replay", "replay"),
-        Binding("t", "next_theme", "theme"),
-        Binding("T", "threads", "threads"),
-        Binding("i", "run_info", "run info", show=False),
-        Binding("g", "log_top", "top of log", show=False),
-    ]
+    BINDINGS = keys.DASHBOARD  # which keys act where: dflash_tui/widgets/keys.py
     # Every screen gets -narrow below 100 columns (Textual sets the class): dialogs stack
     # their buttons there (app.tcss).
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (layout.NARROW_BELOW, "-wide")]
@@ -154,6 +132,7 @@ class DFlashApp(App[int]):
         ("Wrap the log's long lines", "or one line each, scrolled with ← → (w)", "wrap"),
         ("Time column in the step log", "each step line's wall-clock time, or none (C)", "clock"),
         ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
+        ("View the log", "what the monitor holds, with / search, n N (v)", "log_viewer"),
         ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
         ("Replay the run", "its telemetry with these panes, at any moment (p)", "replay"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
@@ -385,6 +364,14 @@ class DFlashApp(App[int]):
         self.target, self.store, self.link, self.diagnosis = target, store, link, diagnosis
         self._drawn_version = -1
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The dashboard's keys act only on the dashboard (keys.py): over it, a viewer's or a
+        dialog's own keys answer, and a key they do not bind does nothing. The palette calls
+        the actions themselves, from anywhere."""
+        if keys.dashboard_only(action) and len(self.screen_stack) > 1:
+            return False
+        return super().check_action(action, parameters)
+
     # -- keys: the run's controls (app_control.py), the views (app_views.py), screens --------
     def action_kill(self) -> None:
         self.controls.kill()
@@ -408,7 +395,10 @@ class DFlashApp(App[int]):
         self.views.log_top()
 
     def on_step_log_page_wanted(self, message: StepLog.PageWanted) -> None:
-        self.views.page_wanted(message)
+        # Only the dashboard's log pages train.log through the agent: a replay's (its own
+        # StepLog, over the dashboard) shows the lines of its moment and sends nothing.
+        if len(self.screen_stack) == 1:
+            self.views.page_wanted(message)
 
     def action_filter(self) -> None:
         self.views.filter()
@@ -427,6 +417,9 @@ class DFlashApp(App[int]):
 
     def action_pager(self) -> None:
         self.views.pager()
+
+    def action_log_viewer(self) -> None:
+        self.views.log_viewer()
 
     def action_next_theme(self) -> None:
         names = sorted(self.theme_specs)

@@ -26,9 +26,10 @@ from dflash_tui.restart_offer import (
     offer,
 )
 from dflash_tui.widgets.compare import CompareScreen
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.replay import REFUSED
 from dflash_tui.widgets.restart_dialog import RestartDialog
-from dflash_tui.widgets.screens import ConfirmScreen, RunsScreen, TextScreen
+from dflash_tui.widgets.screens import RunsScreen, TextScreen
 from trainer.contract.protocol import Progress
 
 
@@ -38,6 +39,9 @@ class RunControl:
         typed loosely, as this module may not import the app that imports it."""
         self.app = app
         self.busy: str | None = None  # the control command in flight, if any
+        # The newest stack dump taken (d): the threads view shows a thread's part of it.
+        self.last_stacks: control.Stacks | None = None
+        self.last_stacks_at = 0.0  # the app's clock when it came
 
     def start(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
         """Run the command `name` (`run`, its dialog included) unless refused, said in a toast."""
@@ -69,9 +73,10 @@ class RunControl:
     def progress(self, event: Progress) -> None:
         self.app.notify(event.message, title=self.busy or "", timeout=6)
 
-    async def confirm(self, question: str) -> bool:
-        screen: Any = ConfirmScreen(question)
-        return bool(await self.app.push_screen_wait(screen))
+    async def confirm(self, question: str, word: str) -> bool:
+        """Whether the operator typed `word` and Enter (widgets/dialogs.py): never a stray key."""
+        screen: Any = TypedConfirm(question, (word,))
+        return await self.app.push_screen_wait(screen) == word
 
     def kill(self) -> None:
         app = self.app
@@ -80,7 +85,8 @@ class RunControl:
             grace = control.kill_command().timeout_s
             if not await self.confirm(
                 f"Kill run {app.store.alive_run or '?'}? "
-                f"(SIGTERM its process group, SIGKILL after {grace:.0f} s)"
+                f"(SIGTERM its process group, SIGKILL after {grace:.0f} s)",
+                "kill",
             ):
                 return
             k = await control.kill(app.link, on_progress=self.progress)
@@ -136,7 +142,8 @@ class RunControl:
         app = self.app
 
         async def run() -> None:
-            st = await control.dump_stacks(app.link)
+            st = self.last_stacks = await control.dump_stacks(app.link)
+            self.last_stacks_at = app.clock()
             text = st.text + (("\n# py-spy dump --native\n" + st.pyspy) if st.pyspy else "")
             await app.push_screen(TextScreen(f"Stacks of pid {st.pid} — {st.path}", text))
 
@@ -153,7 +160,9 @@ class RunControl:
             return
 
         async def run() -> None:
-            if not await self.confirm("Delete the compile cache? The next start recompiles."):
+            if not await self.confirm(
+                "Delete the compile cache? The next start recompiles.", "clear"
+            ):
                 return
             c = await control.clear_cache(app.link)
             app.notify(

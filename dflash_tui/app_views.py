@@ -1,6 +1,6 @@
 """The dashboard's view keys: the step log's filter, follow, wrap, clock, top and pages, the
-log in $PAGER, and zoom. Nothing here acts on the run: a page of train.log is read through the
-agent, never held up by a control command in flight.
+log in $PAGER or in the log viewer (searchable), and zoom. Nothing here acts on the run: a page
+of train.log is read through the agent, never held up by a control command in flight.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dflash_tui.control import ControlError
 from dflash_tui.link.link import LinkError
 from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.panes import box_of
-from dflash_tui.widgets.steplog import FilterError, StepLog
+from dflash_tui.widgets.screens import TextScreen
+from dflash_tui.widgets.steplog import FilterError, StepLog, shown
 
 
 class ViewKeys:
@@ -97,6 +98,13 @@ class ViewKeys:
         box = box_of(screen.focused)
         if box is not None:
             screen.maximize(box, container=False)
+
+    def log_viewer(self) -> None:
+        """The log the store holds in a viewer: / searches, n N, q back (widgets/search.py)."""
+        store = self.app.store
+        lines = store.log_lines
+        title = f"Step log of {store.run_id or 'no run'} — the last {len(lines)} lines held"
+        self.app.push_screen(TextScreen(title, "\n".join(shown(line) for line in lines)))
 
     def pager(self) -> None:
         """The log the store holds, sanitised, in $PAGER while the app is suspended."""

@@ -4,14 +4,14 @@ by run, and what differs between their configs and environments (dflash_tui/comp
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from dflash_tui import compare
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import keys, safe
+from dflash_tui.widgets.search import Search, SearchText
 
 # One colour per run, the same in every plot and in the key.
 RUN_COLOURS = ("cyan", "magenta", "green", "orange", "red", "blue", "yellow", "white")
@@ -19,18 +19,22 @@ CURVES = (("loss", "loss"), ("acc", "acc"), ("streak", "streak"), ("tok_s", "tok
 
 
 class CompareScreen(Screen[None]):
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
+    """A viewer (widgets/keys.py): `/` searches the differences, n / N, q or Esc back."""
+
+    BINDINGS = keys.VIEWER
     DEFAULT_CSS = """
     CompareScreen #title { background: $panel; padding: 0 1; text-style: bold; }
     CompareScreen #key { padding: 0 1; height: auto; }
     CompareScreen Horizontal { height: 2fr; }
     CompareScreen PlotextPlot { width: 1fr; height: 1fr; }
-    CompareScreen VerticalScroll { height: 1fr; padding: 0 1; }
+    CompareScreen SearchText { height: 1fr; padding: 0 1; }
+    CompareScreen #keys { background: $panel; padding: 0 1; height: 1; }
     """
 
     def __init__(self, runs: list[compare.RunData]) -> None:
         super().__init__()
         self.runs = runs
+        self.search = Search(self, "/ search the differences, n/N · j/k scroll · esc/q back")
 
     def compose(self) -> ComposeResult:
         yield Static(safe.text(f"Compare {len(self.runs)} runs — esc: back"), id="title")
@@ -41,8 +45,9 @@ class CompareScreen(Screen[None]):
         with Horizontal():
             for field, _ in CURVES:
                 yield PlotextPlot(id=f"cmp-{field}")
-        with VerticalScroll():
-            yield Static(safe.log_text("\n".join(compare.describe(self.runs))), id="differences")
+        yield SearchText(safe.log_text("\n".join(compare.describe(self.runs))), id="differences")
+        yield self.search.status()
+        yield self.search.bar()
         yield Footer()
 
     def on_mount(self) -> None:
@@ -65,3 +70,15 @@ class CompareScreen(Screen[None]):
                         marker="braille",
                     )
             plot.refresh()
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        self.dismiss()

@@ -32,8 +32,9 @@ from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
+from dflash_tui.widgets.search import SearchBar
 from dflash_tui.widgets.stages import StagePane
-from dflash_tui.widgets.steplog import StepLog
+from dflash_tui.widgets.steplog import FilterError, StepLog
 from trainer.contract.heartbeat import Heartbeat
 
 REFUSED = "replay: control keys are disabled (escape returns to live)"
@@ -58,10 +59,12 @@ class ReplayScreen(Screen[None]):
         Binding("shift+right,right_square_bracket", "minutes(1)", "+1 min", priority=True),
         Binding("home", "first", "start", show=False, priority=True),
         Binding("end,e", "last", "the end", priority=True),
-        Binding("escape", "live", "live"),
+        Binding("escape,q", "live", "live"),
+        Binding("slash", "filter", "filter the log"),
         Binding("p", "noop", "", show=False),  # a replay in a replay: nothing to add
-        # The app's control keys, taken here first (its palette: app_control's `start`).
-        Binding("r,k,d,c", "refused", "", show=False),
+        # The app's control keys do nothing over the dashboard (widgets/keys.py); here they
+        # say why (the palette's way in: app_control's `start`).
+        Binding("r,K,d,c", "refused", "", show=False),
     ]
 
     def __init__(
@@ -83,6 +86,8 @@ class ReplayScreen(Screen[None]):
         loading = f"REPLAY {self.run_id or ''}: loading telemetry…"
         yield ReplayBar(safe.text(loading), id="replay-bar")
         yield from self.app.compose()  # the live view's panes, as they are laid out there
+        # `/` here filters the replayed log (its store, its moment), never the live one.
+        yield SearchBar(self._filter, id="replay-filter")
 
     def on_mount(self) -> None:
         if self.recording is not None:
@@ -155,7 +160,7 @@ class ReplayScreen(Screen[None]):
         t.append(safe.text(f"  step {beat.step}  phase {beat.phase}"))
         t.append(
             "\n ←/→ entry · [/] or shift+←/→ minute · home/end · e the end · esc live"
-            " · controls disabled",
+            " · / filter the log · controls disabled",
             style="dim",
         )
         t.append("\n GPU util/power: not recorded in the run dir")
@@ -185,6 +190,19 @@ class ReplayScreen(Screen[None]):
 
     def action_last(self) -> None:
         self._go(len(self.recording.entries) - 1 if self.recording else 0)
+
+    def action_filter(self) -> None:
+        self.query_one(SearchBar).open(self.query_one(StepLog).pattern)
+
+    def _filter(self, pattern: str) -> bool:
+        if self.store is None:
+            return True  # nothing replayed yet
+        try:
+            self.query_one(StepLog).set_filter(pattern, self.store)
+        except FilterError as e:
+            self.query_one(SearchBar).say(str(e))
+            return False
+        return True
 
     def action_noop(self) -> None:
         pass

@@ -1,5 +1,6 @@
-"""Modal screens: confirm, a scrollable text (stack dumps), help, the runs (restart's
-dialog: restart_dialog.py)."""
+"""Screens: a searchable text (stack dumps, run info, the log viewer), help, the runs.
+Restart's dialog: widgets/restart_dialog.py; the dialogs that kill, clear or signal:
+widgets/dialogs.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from textual.widgets import DataTable, Label, Static
 
 from dflash_tui import runs_view
 from dflash_tui.facts import run_outcome
-from dflash_tui.widgets import safe
+from dflash_tui.widgets import keys, safe
 from dflash_tui.widgets.filterbar import FilterBar
-from dflash_tui.widgets.panes import VimScroll
+from dflash_tui.widgets.search import Search, SearchText
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
 
@@ -28,34 +29,14 @@ OUTCOME_STYLE = {
 }
 
 
-class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [Binding("y", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
-    DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Vertical { width: 90; max-width: 100%; height: auto; border: thick $warning;
-                               background: $surface; padding: 1 2; }
-    """
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(safe.text(self.question))  # it names runs by their ids
-            yield Static(Text("\ny = yes    n / esc = no", style="dim"))
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-
 class TextScreen(Screen[None]):
-    """A full screen of text the host wrote (a stack dump, py-spy's output), scrollable with
-    j k g G, the arrows and the mouse; escape or q goes back."""
+    """A full screen of text the host wrote (a stack dump, py-spy's output, run info, the
+    step log), scrollable with j k g G, the arrows and the mouse; `/` searches, n / N go
+    from match to match; escape or q goes back. A viewer: it sends nothing (keys.py)."""
 
-    BINDINGS = [Binding("escape,q", "app.pop_screen", "back")]
+    BINDINGS = keys.VIEWER
     DEFAULT_CSS = """
-    TextScreen VimScroll { padding: 0 1; }
+    TextScreen SearchText { padding: 0 1; }
     TextScreen #title { background: $panel; padding: 0 1; text-style: bold; }
     TextScreen #keys { background: $panel; padding: 0 1; height: 1; }
     """
@@ -63,38 +44,54 @@ class TextScreen(Screen[None]):
     def __init__(self, title: str, text: str) -> None:
         super().__init__()
         self.title_text, self.body = title, text
+        self.search = Search(self, TEXT_KEYS)
 
     def compose(self) -> ComposeResult:
         yield Static(safe.text(self.title_text), id="title")
-        with VimScroll(id="scroll"):
-            yield Static(safe.log_text(self.body), id="body")
-        yield Static(Text(TEXT_KEYS, style="dim"), id="keys")
+        yield SearchText(safe.log_text(self.body), id="scroll")
+        yield self.search.status()
+        yield self.search.bar()
 
     def on_mount(self) -> None:
-        self.query_one(VimScroll).focus()  # j and k scroll here (kill is K, and asks)
+        self.query_one(SearchText).focus()  # j and k scroll here (kill is K, and asks)
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        self.dismiss()
 
 
-TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · esc/q back"
+TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · / search, n/N · esc/q back"
 
 HELP = """\
 The run
+  These act on the dashboard only (and from ctrl+p), never in a viewer.
   r        restart (asks): kill, wait for GPU memory, launch the same
            config; resume from its newest good checkpoint, or step 0
-  K        kill (shift+k; asks): SIGTERM its process group, then
-           SIGKILL; shows the GPU memory drain
+  K        kill (shift+k; type kill and Enter): SIGTERM its process
+           group, then SIGKILL; shows the GPU memory drain
   d        dump every thread's stack (SIGUSR1; py-spy where installed)
-  c        clear the compile cache (asks); refused while a run lives
+  c        clear the compile cache (type clear and Enter); refused
+           while a run lives
   l Enter  choose a run (Enter on a row: its whole history, alive or
            not); by default the latest. In the list: space marks runs,
            c compares the marked ones, / filters (words, outcome:KIND),
            s sorts (start, tok/s, τ, steps), S turns the order round
   i        run info: how it ended, its exit, environment, whole config
-  T        threads and processes: Enter on a thread shows its stack,
-           on a process of the run offers a signal; s sorts (CPU,
-           name, time in state, loop), / filters by words
+  T        threads and processes: Enter on a thread shows its part of
+           the newest dump (d), on a process of the run asks for a
+           signal's name, typed; s sorts (CPU, name, time in state,
+           loop), / filters by words
   p        replay the run's telemetry with these panes: ← → an entry,
-           [ ] a minute, Home End, e the end; control keys are off
-           there; Esc returns to live
+           [ ] a minute, Home End, e the end, / filters its log;
+           control keys are off there; q or Esc returns to live
 
 The step log
   /        filter: a regular expression, case-insensitive, applied as
@@ -105,6 +102,7 @@ The step log
   C        a wall-clock column: each step line's time (metrics.jsonl's),
            in your time zone; other lines leave it blank
   o        the log in $PAGER (plain less without one); q comes back
+  v        the log in a viewer: / search, n N next / previous
   g Home   train.log from its first line, paged (PgUp at the top: the
            page before, PgDn at the bottom: the page after)
   G End    back to the newest lines
@@ -124,34 +122,56 @@ Panes
            decided and what to do (dflash-tui explain); ← → between them
   mouse    the wheel scrolls the pane under the pointer; click focuses
 
+Viewers (stacks, run info, the log viewer, threads, replay, compare,
+this help): they read and never send
+  /        search: a regular expression, case-insensitive
+  n N      the next / the previous match
+  q Esc    close
+
 Everywhere
   ctrl+p   the command palette: every action by name
   t        next theme (dark, light, high-contrast, …); remembered
   Esc      close a dialog, the filter, a zoom or a screen
   ?        this help
-  q        quit: the remote run is left alone
+  q        quit (on the dashboard): the remote run is left alone
 """
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark", "app.pop_screen", "close")]
+    BINDINGS = [*keys.VIEWER, Binding("question_mark", "close", "close", show=False)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VimScroll { width: 92; max-width: 100%; height: auto; max-height: 100%;
-                             border: thick $primary; background: $surface; padding: 0 1;
-                             scrollbar-size-vertical: 1; }
+    HelpScreen > Vertical { width: 92; max-width: 100%; height: auto; max-height: 100%;
+                            border: thick $primary; background: $surface; }
+    HelpScreen SearchText { height: auto; max-height: 100%; padding: 0 1;
+                            scrollbar-size-vertical: 1; }
+    HelpScreen #keys { height: 1; padding: 0 1; }
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.search = Search(self, "j/k scroll · / search, n/N · esc close")
+
     def compose(self) -> ComposeResult:
-        with VimScroll():
-            yield Static(
-                Text("dflash-tui keys", style="bold")
-                + Text("   j/k scroll · esc close\n\n", style="dim")
-                + Text(HELP)
-            )
+        with Vertical():
+            yield SearchText(Text("dflash-tui keys\n", style="bold") + Text(HELP))
+            yield self.search.status()
+        yield self.search.bar()
 
     def on_mount(self) -> None:
-        self.query_one(VimScroll).focus()
+        self.query_one(SearchText).focus()
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        self.dismiss()
 
 
 class RunsTable(DataTable[object]):

@@ -2,9 +2,11 @@
 process of the run's proven group, htop style; `s` sorts by the next key (CPU, name, time in
 state, loop; thread_table.SORTS), `/` filters by words, j/k or the arrows move.
 
-Enter on a thread row dumps the stacks and shows that thread's section; Enter on a process
-row asks which signal (SIGTERM, SIGKILL, SIGUSR2: a stack dump) and sends it through the
-agent, which refuses it unless the pid is still the one listed, in the run's proven group
+A viewer (dflash_tui/widgets/keys.py): nothing here sends a request without a typed word. Enter on
+a thread row shows that thread's section of the newest stack dump taken (d on the
+dashboard); Enter on a process row asks for a signal's name, typed (SIGTERM, SIGKILL,
+SIGUSR2: a stack dump; widgets/dialogs.py), and sends it through the agent, which refuses
+it unless the pid is still the one listed, in the run's proven group
 (dflash_tui/agent/proc_table.py). The rows come from dflash_tui/thread_table.py; every
 string in them is the host's: cells are `Text` from widgets/safe.py.
 """
@@ -16,14 +18,14 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Static
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
 
 from dflash_tui import control, thread_table
 from dflash_tui.fmt import duration, size
 from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.filterbar import FilterBar
 from dflash_tui.widgets.screens import TextScreen
 from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
@@ -106,45 +108,10 @@ def _proc_cells(r: thread_table.ProcRow) -> tuple[Any, ...]:
     )
 
 
-class SignalScreen(ModalScreen[str | None]):
-    """Which signal to send one process of the run's group; None: cancel."""
-
-    BINDINGS = [
-        Binding("t", "choose('SIGTERM')", "SIGTERM"),
-        Binding("9", "choose('SIGKILL')", "SIGKILL"),
-        Binding("u", "choose('SIGUSR2')", "SIGUSR2"),
-        Binding("n,escape", "choose('')", "cancel"),
-    ]
-    DEFAULT_CSS = """
-    SignalScreen { align: center middle; }
-    SignalScreen > Vertical { width: 100; max-width: 100%; height: auto; border: thick $warning;
-                              background: $surface; padding: 1 2; }
-    SignalScreen Horizontal { height: auto; margin-top: 1; }
-    SignalScreen Button { margin-right: 2; }
-    """
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(safe.text(self.question))
-            with Horizontal():
-                yield Button(Text("SIGTERM (t)"), id="SIGTERM", variant="warning")
-                yield Button(Text("SIGKILL (9)"), id="SIGKILL", variant="error")
-                yield Button(Text("SIGUSR2: stack dump (u)"), id="SIGUSR2")
-                yield Button(Text("Cancel"), id="cancel")
-            yield Static(Text("\nt / 9 / u = send    n / esc = cancel", style="dim"))
-
-    def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()  # Enter cancels: a signal is chosen
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.action_choose(event.button.id or "")
-
-    def action_choose(self, choice: str) -> None:
-        self.dismiss(choice if choice in PROCESS_SIGNALS else None)
+SIGNAL_WHAT = (
+    "SIGTERM: the trainer stops at its next step and checkpoints · SIGKILL: at once, no "
+    "checkpoint · SIGUSR2: a C-level stack dump (faulthandler); the run goes on"
+)
 
 
 class ThreadsScreen(Screen[None]):
@@ -296,30 +263,35 @@ class ThreadsScreen(Screen[None]):
         elif isinstance(row, thread_table.ProcRow):
             self.dapp.notify(
                 f"pid {row.info.pid} is the launch wrapper, in a process group of its own: "
-                "not signalled from here (K stops the run; the wrapper then exits)",
+                "not signalled from here (K on the dashboard stops the run; the wrapper then "
+                "exits)",
                 severity="warning",
                 timeout=8,
             )
 
     def show_stack(self, name: str) -> None:
+        """`name`'s part of the newest stack dump held; taking one is the dashboard's (d)."""
         app = self.dapp
-
-        async def run() -> None:
-            st = await control.dump_stacks(app.link, pyspy=False, run_id=app.store.run_id)
-            section = thread_table.thread_section(st.text, name)
-            body = (
-                section
-                if section is not None
-                else (
-                    f"# thread {name!r} is not in this dump (it has ended?): the whole dump\n"
-                    + st.text
-                )
+        st = app.controls.last_stacks
+        if st is None or (st.run_id and st.run_id != app.store.run_id):
+            app.notify(
+                f"no stack dump of run {app.store.run_id} yet: d on the dashboard takes one "
+                "(SIGUSR1), then Enter here shows this thread's part",
+                severity="warning",
+                timeout=8,
             )
-            await app.push_screen(
-                TextScreen(f"Stack of thread {name} — pid {st.pid}, {st.path}", body)
-            )
-
-        app.controls.start("dump stacks", run)
+            return
+        section = thread_table.thread_section(st.text, name)
+        body = (
+            section
+            if section is not None
+            else f"# thread {name!r} is not in this dump (it has ended?): the whole dump\n"
+            + st.text
+        )
+        age = duration(max(0.0, app.clock() - app.controls.last_stacks_at))
+        app.push_screen(
+            TextScreen(f"Stack of thread {name} — pid {st.pid}, {st.path}, {age} ago", body)
+        )
 
     def offer_signal(self, p: ProcInfo, leader: bool) -> None:
         app = self.dapp
@@ -332,7 +304,9 @@ class ThreadsScreen(Screen[None]):
         )
 
         async def run() -> None:
-            choice = await app.push_screen_wait(SignalScreen(question))
+            choice = await app.push_screen_wait(
+                TypedConfirm(question, PROCESS_SIGNALS, SIGNAL_WHAT)
+            )
             if choice is None:
                 return
             done = await control.signal_process(

@@ -18,12 +18,13 @@ from rich.console import Console
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.restart_dialog import RestartDialog
-from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RunsScreen
+from dflash_tui.widgets.screens import HelpScreen, RunsScreen
 from dflash_tui.widgets.steplog import StepLog
 from trainer.contract.protocol import Kill, Launch
 
@@ -261,18 +262,18 @@ def test_control_keys_drive_the_real_run(live_remote):
             # c: refused at once while the run is alive, before any "Delete?"
             await pilot.press("c")
             await pilot.pause(0.2)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             assert any("is alive" in n.message for n in app._notifications)
 
-            # K (k scrolls), answered no: nothing happens
+            # K (k scrolls): y and Enter do not confirm, Esc cancels: nothing happens
             await pilot.press("K")
-            await pilot.press("n")
+            await pilot.press("y", "enter", "escape")
             await pilot.pause(0.5)
-            assert app.store.process_alive() is True
+            assert app.store.process_alive() is True and app.controls.busy is None
 
-            # K twice: one kill only, the second press is told to wait
+            # K twice: one kill only (the word typed), the second press is told to wait
             await pilot.press("K")
-            await pilot.press("y")
+            await pilot.press("k", "i", "l", "l", "enter")
             await pilot.pause(0.05)
             await pilot.press("K")
             assert any("still running" in n.message for n in app._notifications)

@@ -16,9 +16,10 @@ from textual.color import Color
 from dflash_tui import pager
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.layout import plan
 from dflash_tui.widgets.panes import Pane, VimScroll
-from dflash_tui.widgets.screens import ConfirmScreen, HelpScreen, RunsScreen, TextScreen
+from dflash_tui.widgets.screens import HelpScreen, RunsScreen, TextScreen
 from dflash_tui.widgets.steplog import StepLog
 
 TARGET = Target(name="gpu-box", kind="ssh", host="gpu-box")
@@ -143,14 +144,14 @@ def test_help_fits_80x24_names_esc_ctrl_p_scrolling_and_the_mouse_and_scrolls():
             await pilot.pause(0.2)
             top = screen_text(app)
             # Whole lines, the box's right edge on screen: nothing cut on the right.
-            assert "K        kill (shift+k; asks): SIGTERM its process group, then" in top
+            assert "K        kill (shift+k; type kill and Enter): SIGTERM its process" in top
             assert all(line.rstrip().endswith("█") for line in top.splitlines() if "█ " in line)
             await pilot.press("G")
             await pilot.pause(0.2)
             bottom = screen_text(app)
             for said in ("ctrl+p   the command palette", "Esc      close", "mouse    the wheel"):
                 assert said in bottom
-            assert "q        quit: the remote run is left alone" in bottom
+            assert "q        quit (on the dashboard): the remote run is left alone" in bottom
             assert "The run" not in bottom  # scrolled
             await pilot.press("g")
             await pilot.pause(0.2)
@@ -182,7 +183,7 @@ def test_in_the_stack_viewer_j_and_k_scroll_and_never_open_the_kill_dialog():
             await pilot.press("k")
             await pilot.pause(0.2)
             assert scroll.scroll_y == 2
-            assert isinstance(app.screen, TextScreen)  # not ConfirmScreen("Kill run …?")
+            assert isinstance(app.screen, TextScreen)  # not TypedConfirm("Kill run …?")
             await pilot.press("G")
             await pilot.pause(0.2)
             assert 'Thread "drafter-199" line 199' in screen_text(app)
@@ -207,7 +208,7 @@ def test_on_the_dashboard_k_scrolls_the_log_and_K_asks_to_kill():
             assert end == log.max_scroll_y > 0
             await pilot.press("k", "k")
             await pilot.pause(0.2)
-            assert log.scroll_y == end - 2 and not isinstance(app.screen, ConfirmScreen)
+            assert log.scroll_y == end - 2 and not isinstance(app.screen, TypedConfirm)
             await pilot.press("g")
             await pilot.pause(0.2)
             assert log.scroll_y == 0
@@ -223,10 +224,17 @@ def test_on_the_dashboard_k_scrolls_the_log_and_K_asks_to_kill():
             # (these keys are about the dialog, not the kill: test_app.py kills for real).
             app.link = NO_LINK_CALLED
             await pilot.press("K")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-            assert isinstance(app.screen, ConfirmScreen)
+            await until(pilot, lambda: isinstance(app.screen, TypedConfirm))
+            assert isinstance(app.screen, TypedConfirm)
             assert f"Kill run {RUN}?" in screen_text(app)
-            await pilot.press("n")
+            # y, n and Enter are text here: only the word `kill` and Enter would confirm.
+            await pilot.press("y", "enter", "n", "enter", "k", "i", "l", "enter")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TypedConfirm)
+            assert "not confirmed: kil · type 'kill' and Enter" in screen_text(app)
+            await pilot.press("escape")
+            await until(pilot, lambda: not isinstance(app.screen, TypedConfirm))
+            assert app.controls.busy is None  # cancelled: the link was never called
 
     run(go())
 
@@ -238,7 +246,7 @@ def test_c_refuses_at_once_while_the_run_is_alive_and_asks_once_it_is_not():
             await fed(pilot, app, healthy())  # its liveness: alive
             await pilot.press("c")
             await pilot.pause(0.2)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             said = [n.message for n in app._notifications]
             assert any(f"refused: run {RUN} is alive" in m for m in said), said
         app = scripted()
@@ -246,9 +254,12 @@ def test_c_refuses_at_once_while_the_run_is_alive_and_asks_once_it_is_not():
             await fed(pilot, app, alert_state())  # crashed: the process is gone
             app.link = NO_LINK_CALLED
             await pilot.press("c")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await until(pilot, lambda: isinstance(app.screen, TypedConfirm))
             assert "Delete the compile cache?" in screen_text(app)
-            await pilot.press("n")
+            assert "type 'clear' and Enter to confirm" in screen_text(app)
+            await pilot.press("y", "enter", "escape")
+            await until(pilot, lambda: not isinstance(app.screen, TypedConfirm))
+            assert app.controls.busy is None
 
     run(go())
 
@@ -402,3 +413,67 @@ def test_the_pager_gets_the_log_sanitised_and_plain_less_by_default(tmp_path):
     assert pager.command({"PAGER": "most -s"}) == ["most", "-s"]
     with pytest.raises(pager.PagerError, match="PAGER 'less \"-R': No closing quotation"):
         pager.command({"PAGER": 'less "-R'})
+
+
+def test_in_a_viewer_slash_searches_n_and_N_move_and_the_dashboards_keys_do_nothing():
+    """Seen in issue 32: `/drafter` typed in the stack viewer switched the theme and took
+    another dump. Now `/` searches as less does, and r d t c K l Enter act on nothing."""
+
+    async def go():
+        app = scripted()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await fed(pilot, app, healthy())
+            app.link = NO_LINK_CALLED  # a key that reached a control would use it
+            theme = app.theme
+            long = "x" * 150  # wraps: the row of a line below it is counted, not assumed
+            dump = "\n".join(
+                f'Thread "drafter-{i}" line {i}' + (long if i == 5 else "") for i in range(200)
+            )
+            await app.push_screen(TextScreen("Stacks of pid 4242", dump))
+            await pilot.pause(0.2)
+            await pilot.press("r", "d", "t", "c", "K", "l", "enter", "i", "p", "T", "v")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TextScreen) and len(app.screen_stack) == 2
+            assert app.theme == theme and app.controls.busy is None
+            await pilot.press("slash", *"DRAFTER-1[0-9]\\b", "enter")
+            await pilot.pause(0.3)
+            keys_line = screen_text(app).splitlines()[-1]
+            assert "/DRAFTER-1[0-9]\\b: match 1 of 10, line 11" in keys_line
+            assert 'Thread "drafter-10" line 10' in screen_text(app)
+            assert 'Thread "drafter-1" line 1\n' not in screen_text(app)  # scrolled to it
+            await pilot.press("n", "n")
+            await pilot.pause(0.3)
+            assert "match 3 of 10, line 13" in screen_text(app).splitlines()[-1]
+            await pilot.press("N", "N", "N")  # round the top: the last match
+            await pilot.pause(0.3)
+            assert "match 10 of 10, line 20" in screen_text(app).splitlines()[-1]
+            assert 'Thread "drafter-19" line 19' in screen_text(app)
+            await pilot.press("slash", "ctrl+a", "ctrl+k", *"(", "enter")
+            await pilot.pause(0.2)
+            assert "not a regex: missing )" in screen_text(app)
+            await pilot.press("escape")  # the search line, not the viewer
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, TextScreen)
+            await pilot.press("q")
+            await pilot.pause(0.2)
+            assert len(app.screen_stack) == 1 and app.theme == theme
+
+    run(go())
+
+
+def test_v_opens_the_log_in_a_viewer_with_search():
+    async def go():
+        app = scripted()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await fed(pilot, app, healthy())
+            await pilot.press("v")
+            await until(pilot, lambda: isinstance(app.screen, TextScreen))
+            await pilot.pause(0.2)
+            assert "Step log of" in screen_text(app).splitlines()[0]
+            await pilot.press("slash", *"step=87[02]", "enter")
+            await pilot.pause(0.3)
+            assert ": match 1 of 2, line" in screen_text(app).splitlines()[-1]
+            await pilot.press("escape")
+            await until(pilot, lambda: len(app.screen_stack) == 1)
+
+    run(go())

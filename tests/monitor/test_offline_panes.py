@@ -17,9 +17,9 @@ from rich.console import Console
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.offline import OfflineBlank, OfflineNote
 from dflash_tui.widgets.restart_dialog import RestartDialog
-from dflash_tui.widgets.screens import ConfirmScreen
 
 SIZE = (160, 48)
 EMPTY_STATES = ("waiting for GPU samples", "no run under the run root yet", "no queues yet")
@@ -94,7 +94,7 @@ def test_a_refused_connection_is_said_in_every_pane_and_control_keys_are_refused
                 before = len(app._notifications)
                 await pilot.press(key)
                 await pilot.pause(0.05)
-                assert not isinstance(app.screen, ConfirmScreen | RestartDialog), key
+                assert not isinstance(app.screen, TypedConfirm | RestartDialog), key
                 new = toasts(app)[before:]
                 assert len(new) == 1, new
                 assert new[0].startswith(f"{action}: not connected to {target.name}: "), new
@@ -125,7 +125,7 @@ def test_with_no_run_the_panes_name_the_run_root_and_k_says_there_is_none(tmp_pa
             assert not any(n.display for n in app.query(OfflineNote))  # connected: no notes
             await pilot.press("K")
             await pilot.pause(0.05)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             assert toasts(app)[-1] == f"kill: no run under {root} yet"
             assert not any("Kill run" in t for t in toasts(app))
 

@@ -216,7 +216,7 @@ def test_compare_two_marked_runs(run_root):
             await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen), "compare")
             key = static_text(app.screen.query_one("#key"))
             assert STOPPED in key and FINISHED in key
-            diffs = static_text(app.screen.query_one("#differences"))
+            diffs = static_text(app.screen.query_one("#differences #body"))
             assert "train.max_steps: 400  40" in diffs
             assert "train.checkpoint_every: 200  20" in diffs
             assert "train.lr" not in diffs  # the same in both: not listed

@@ -26,12 +26,12 @@ from dflash_tui.app import DFlashApp
 from dflash_tui.replay import recording
 from dflash_tui.targets import Target
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.queues import QueuePane
 from dflash_tui.widgets.replay import ReplayBar, ReplayScreen
-from dflash_tui.widgets.screens import ConfirmScreen
 from dflash_tui.widgets.steplog import StepLog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,9 +176,16 @@ def test_control_keys_are_refused_in_replay_and_escape_returns_to_live(runs):
                 assert isinstance(app.screen, ReplayScreen)  # no confirm, no restart choice
             app.action_kill()  # the command palette's way in
             await pilot.pause(0.1)
-            assert not isinstance(app.screen, ConfirmScreen)
+            assert not isinstance(app.screen, TypedConfirm)
             refused = [m for m in said if "control keys are disabled" in m]
             assert len(refused) == 5, said
+
+            # `/` filters the replayed log at its moment; the live log keeps its own filter
+            log = app.screen.query_one(StepLog)
+            await pilot.press("slash", *"step=", "enter")
+            await pilot.pause(0.2)
+            assert log.pattern == "step=" and isinstance(app.screen, ReplayScreen)
+            assert app.screen_stack[0].query_one(StepLog).pattern == ""
 
             await pilot.press("escape")
             assert not isinstance(app.screen, ReplayScreen)

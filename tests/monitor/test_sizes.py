@@ -20,18 +20,18 @@ from dflash_tui.app import DFlashApp
 from dflash_tui.restart_offer import ALIVE, Offer
 from dflash_tui.state import Store
 from dflash_tui.targets import Target
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.layout import MIN_HEIGHT, MIN_WIDTH, plan
 from dflash_tui.widgets.restart_dialog import RestartDialog
-from dflash_tui.widgets.screens import ConfirmScreen
 from dflash_tui.widgets.thread_table import (
     COLUMNS,
     NAME_NARROW,
+    SIGNAL_WHAT,
     WAITS_COLUMN,
-    SignalScreen,
     ThreadsScreen,
     fitted,
 )
-from trainer.contract.protocol import MAX_PROC_NAME, Follow, HeartbeatEvent
+from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, Follow, HeartbeatEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [(80, 24), (120, 40), (160, 48)]  # the sizes issue 32 names
@@ -199,12 +199,15 @@ QUESTION = (
     f"Restart run {RUN}? It is alive: it is killed first (SIGTERM to its process group, "
     "then SIGKILL after 30 s), the GPU memory drained, and the same config launched again."
 )
+KILL_QUESTION = f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."
 DIALOGS = {
-    "confirm": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
+    "confirm": lambda: TypedConfirm(
+        f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s.", ("kill",)
+    ),
     "restart": lambda: RestartDialog(
         Offer(ALIVE, RUN, QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)")
     ),
-    "signal": lambda: SignalScreen(
+    "signal": lambda: signal_dialog(
         f"Signal pid 4242 (python3 -m trainer), the run's trainer (run {RUN})? The agent "
         "sends it only if pid 4242 still lives, started at the same tick."
     ),
@@ -326,3 +329,8 @@ def test_z_gives_the_focused_pane_the_whole_screen_and_back(box_id, size):
                 assert "8× H200  util " in screen_text(app)
 
     run(go())
+
+
+def signal_dialog(question: str) -> TypedConfirm:
+    """The threads view's per-process signal, as it opens it (widgets/thread_table.py)."""
+    return TypedConfirm(question, PROCESS_SIGNALS, SIGNAL_WHAT)

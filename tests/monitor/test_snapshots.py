@@ -13,16 +13,18 @@ from monitor_helpers import typed_event
 from dflash_tui.app import DFlashApp
 from dflash_tui.restart_offer import ALIVE, Offer
 from dflash_tui.targets import Target
+from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.restart_dialog import RestartDialog
 from dflash_tui.widgets.screens import (
-    ConfirmScreen,
     HelpScreen,
     RunsScreen,
     TextScreen,
 )
-from dflash_tui.widgets.thread_table import SignalScreen, ThreadsScreen
+from dflash_tui.widgets.thread_table import SIGNAL_WHAT, ThreadsScreen
+from trainer.contract.protocol import PROCESS_SIGNALS
 
 SIZE = (160, 48)
+KILL_QUESTION = f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."
 # The layout's sizes (dflash_tui/widgets/layout.py): the essentials at 80x24, everything at
 # 240x60. What each shows is asserted as text in test_layout_keys.py.
 SIZES = [(80, 24), (120, 40), (160, 48), (240, 60)]
@@ -96,11 +98,13 @@ def open_screen(app: DFlashApp, name: str) -> None:
         "threads": ThreadsScreen,
         "runs": lambda: RunsScreen(app.store.runs, app.store.run_id),
         "stacks": lambda: TextScreen("Stacks of pid 4242", stack),
-        "kill": lambda: ConfirmScreen(f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s."),
+        "kill": lambda: TypedConfirm(
+            f"Kill run {RUN}? SIGTERM, then SIGKILL after 30 s.", ("kill",)
+        ),
         "restart": lambda: RestartDialog(
             Offer(ALIVE, RUN, RUN_QUESTION, "Resume from step 800 (checkpoints/step-00000800.pt)")
         ),
-        "signal": lambda: SignalScreen(f"Signal pid 4242 (python3), the run's trainer ({RUN})?"),
+        "signal": lambda: signal_dialog(f"Signal pid 4242 (python3), the run's trainer ({RUN})?"),
     }
     if name in screens:
         app.push_screen(screens[name]())
@@ -121,3 +125,8 @@ def test_each_screen_at_each_size(snap_compare, screen, size):
         await pilot.pause(0.3)
 
     assert snap_compare(app, terminal_size=size, run_before=before)
+
+
+def signal_dialog(question: str) -> TypedConfirm:
+    """The threads view's per-process signal, as it opens it (widgets/thread_table.py)."""
+    return TypedConfirm(question, PROCESS_SIGNALS, SIGNAL_WHAT)

@@ -114,8 +114,9 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     from dflash_tui.app import DFlashApp
+    from dflash_tui.widgets.dialogs import TypedConfirm
     from dflash_tui.widgets.screens import TextScreen
-    from dflash_tui.widgets.thread_table import SignalScreen, ThreadsScreen
+    from dflash_tui.widgets.thread_table import ThreadsScreen
 
     target, r = live
     run_dir = Path(r.store.run_dir or "")
@@ -177,7 +178,26 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             await pilot.press("k")
             assert table.cursor_row == 0
 
-            # Enter on a thread row: that thread's stack, named
+            # Enter on a thread row: that thread's part of the newest dump; none taken yet,
+            # so it says how (a viewer sends nothing), and d on the dashboard takes one
+            table.move_cursor(row=list(screen.rows).index("thread:drafter-0"))
+            await pilot.press("enter")
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, ThreadsScreen)
+            assert "d on the dashboard takes one" in list(app._notifications)[-1].message
+            await pilot.press("escape", "d")
+            await until(
+                pilot,
+                lambda: isinstance(app.screen, TextScreen) and app.screen.query("#body"),
+                "the dump",
+            )
+            await pilot.press("escape", "T")
+            screen = await until(
+                pilot,
+                lambda: isinstance(app.screen, ThreadsScreen) and app.screen.rows and app.screen,
+                "the threads screen again",
+            )
+            table = screen.query_one("#threads")
             table.move_cursor(row=list(screen.rows).index("thread:drafter-0"))
             await pilot.press("enter")
             stack = await until(
@@ -200,8 +220,11 @@ def test_the_table_lists_the_threads_and_processes_and_acts_on_rows(
             key = f"proc:{trainer.pid}:{trainer.start}"
             table.move_cursor(row=list(screen.rows).index(key))
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, SignalScreen), "the signal dialog")
-            await pilot.press("u")
+            await until(pilot, lambda: isinstance(app.screen, TypedConfirm), "the signal dialog")
+            await pilot.press("u", "enter")  # a letter is no signal's name: nothing sent
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, TypedConfirm)
+            await pilot.press(*"sigusr2", "enter")  # the name, typed (any case)
             sent = await until(
                 pilot,
                 lambda: [n.message for n in app._notifications if "SIGUSR2 sent" in n.message],

@@ -1,0 +1,114 @@
+"""Keys by mode at scale (issue 32's number): N random keystroke strings (default 10,000),
+each sent to a viewer or to a dialog that kills or signals, of the real app attached through
+a real local agent to a real tiny run. Counts the requests that left the app from a viewer
+(want 0) and the dialogs confirmed without their word typed (want 0).
+
+The same property as tests/monitor/test_keys_by_mode.py (the same harness,
+tests/monitor/keystrokes.py), run for as long as asked. The JSON result is rewritten after
+every example, so a run stopped early still reports what it did.
+
+    .venv/bin/python bench/keystroke_bench.py --examples 300 --out /tmp/keys.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "monitor")]
+
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from keystrokes import DIALOGS, KEYS, VIEWERS, LiveApp, start_run, stop_run  # noqa: E402
+
+
+def write(path: Path, result: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=10_000)
+    ap.add_argument("--out", type=Path, default=Path("keystroke-bench.json"))
+    args = ap.parse_args()
+    if args.examples < 1:
+        print(f"--examples {args.examples}: must be 1 or more", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="keystroke-bench-"))
+    os.environ["XDG_CONFIG_HOME"] = str(work / "config")
+    result: dict[str, Any] = {
+        "examples_asked": args.examples,
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "examples": 0,
+        "viewer_examples": 0,
+        "dialog_examples": 0,
+        "keys_sent_at_most": 0,
+        "requests_from_viewers": 0,
+        "confirmed_without_the_word": 0,
+        "word_typed_then_cut": 0,
+        "failures": [],
+        "seconds": 0.0,
+        "examples_per_s": 0.0,
+        "done": False,
+    }
+    target, _ = start_run(work / "remote")
+    live: LiveApp | None = None
+    t0 = time.monotonic()
+    try:
+        live = LiveApp(target)
+        t0 = time.monotonic()
+
+        @settings(
+            max_examples=args.examples,
+            deadline=None,
+            database=None,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(where=st.sampled_from(VIEWERS + DIALOGS), keys=KEYS)
+        def example(where: str, keys: list[str]) -> None:
+            assert live is not None
+            if where in VIEWERS:
+                sent = live.call(live.viewer_example(where, keys))
+                result["viewer_examples"] += 1
+                result["requests_from_viewers"] += len(sent)
+            else:
+                sent, typed = live.call(live.dialog_example(where, keys))
+                result["dialog_examples"] += 1
+                result["confirmed_without_the_word"] += len(sent)
+                result["word_typed_then_cut"] += int(typed)
+            if sent and len(result["failures"]) < 20:
+                result["failures"].append({"where": where, "keys": keys, "sent": sent})
+            result["examples"] += 1
+            result["keys_sent_at_most"] += len(keys)
+            result["seconds"] = round(time.monotonic() - t0, 1)
+            result["examples_per_s"] = round(result["examples"] / result["seconds"], 2)
+            write(args.out, result)
+
+        example()
+        result["done"] = True
+        write(args.out, result)
+    finally:
+        try:
+            if live is not None:
+                live.close()
+        finally:
+            stop_run(target)
+    print(json.dumps(result, indent=1))
+    bad = result["requests_from_viewers"] + result["confirmed_without_the_word"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
