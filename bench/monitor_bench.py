@@ -175,8 +175,10 @@ def latency_run(host: TrainingHost, code: Path, first_step: int, n: int, every_s
     (home / ".ssh" / "config").write_text(host.server.ssh_config.read_text())
     env = {**os.environ, "HOME": str(home), "NO_COLOR": "1", "PYTHONPATH": str(code)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dflash_tui", "gpu-box", "--remote-dir", str(host.remote)]
-        + ["--pct", "200", "--python", sys.executable, "--headless", "--interval", "3600"],
+        [
+            *(sys.executable, "-m", "dflash_tui", "gpu-box", "--remote-dir", str(host.remote)),
+            *("--pct", "200", "--python", sys.executable, "--headless", "--interval", "3600"),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=code,
@@ -270,8 +272,8 @@ def agent_cpu(server: SshServer, remote: Path, seconds: float = 30.0) -> float:
     )
     r = Remote(t)
     r.wait(lambda s: s.hello is not None and s.follow_received, 30, "agent up")
-    r.wait(lambda s: s.gpu and len(s.gpu.get("devices") or []) == 8, 30, "NVML samples")
-    pid = r.store.hello["pid"]
+    r.wait(lambda s: s.gpu and len(s.gpu.devices) == 8, 30, "NVML samples")
+    pid = r.store.hello.pid
     ticks = os.sysconf("SC_CLK_TCK")
 
     def cpu() -> float:
@@ -376,14 +378,16 @@ def finished_run(tmp: Path, steps: int = 40) -> Path:
     return run
 
 
-def cost_rows(tmp: Path, against: Path, runs: int, lines: int, idle_s: float) -> dict:
+def cost_rows(
+    tmp: Path, against: Path, runs: int, lines: int, idle_s: float, parts: list[str]
+) -> dict:
     """Issue 32's figures for this checkout ("branch") and `against` ("base"), interleaved
     so that both meet the same load: the TUI idle on a finished run, the line latency while
     a tiny-cpu run trains on the host."""
     codes = {"branch": ROOT, "base": against}
     out: dict = {name: {"idle": [], "latency": []} for name in codes}
-    done = finished_run(tmp)
-    for k in range(runs):
+    done = finished_run(tmp) if "idle" in parts else None
+    for k in range(runs if done is not None else 0):
         for name, code in codes.items():
             load = load_average()
             cpu = tui_cpu(tmp / f"tui-{name}-{k}", idle_s=idle_s, finished=done, code=code)
@@ -397,19 +401,40 @@ def cost_rows(tmp: Path, against: Path, runs: int, lines: int, idle_s: float) ->
             print(name, "idle", out[name]["idle"][-1], flush=True)
     with TrainingHost(tmp / "host") as host:
         step = 10_000_000
-        for k in range(runs):
+        for _ in range(runs if "latency" in parts else 0):
             for name, code in codes.items():
                 out[name]["latency"].append(latency_run(host, code, step, lines, every_s=0.05))
                 print(name, "latency", out[name]["latency"][-1], flush=True)
                 step += 10_000
     for name in codes:
+        out[name]["stall_phase"] = stall_phase(out[name]["latency"])
         lat = out[name]["latency"]
         idle = out[name]["idle"]
         out[name]["latency_p99_ms"] = [r["p99_ms"] for r in lat]
         out[name]["latency_p50_ms"] = [r["p50_ms"] for r in lat]
         out[name]["idle_cpu_pct"] = [r["cpu_pct"] for r in idle]
+        out[name]["nice"] = os.nice(0)  # the bench's, its children's (sshd, agent, trainer)
     out["code"] = {"branch": str(ROOT), "base": str(against)}
     return out
+
+
+def stall_phase(runs: list[dict], over_ms: float = 15.0) -> dict:
+    """Where in a second the slow lines were sent: a stall once a second (the agent's
+    periodic work) puts them in one tenth of it, a loaded machine's scheduling anywhere.
+    The tenth of a second holding most lines over `over_ms`, and its share of them."""
+    tenths = [0] * 10
+    for r in runs:
+        for t, ms in r["over_10ms"]:
+            if ms > over_ms:
+                tenths[int(t % 1.0 * 10) % 10] += 1
+    slow = sum(tenths)
+    worst = max(range(10), key=lambda i: tenths[i])
+    return {
+        "over_ms": over_ms,
+        "lines": slow,
+        "worst_tenth": [worst / 10, (worst + 1) / 10],
+        "share_in_worst_tenth": round(tenths[worst] / slow, 2) if slow else None,
+    }
 
 
 def print_cost(results: dict) -> None:
@@ -421,8 +446,16 @@ def print_cost(results: dict) -> None:
         ("TUI idle, finished run, % of a core", "idle_cpu_pct"),
     ):
         rows = results["branch"]["latency" if "latency" in key else "idle"]
+        if not rows:
+            continue
         loads = "; ".join(" ".join(map(str, r["load_average"])) for r in rows)
         print(f"| {what} | {results['branch'][key]} | {results['base'][key]} | {loads} |")
+    if results["branch"]["latency"]:
+        b, a = results["branch"]["stall_phase"], results["base"]["stall_phase"]
+        print(
+            f"| lines over 15 ms in the worst tenth of the second | {b['share_in_worst_tenth']} "
+            f"of {b['lines']} | {a['share_in_worst_tenth']} of {a['lines']} | (0.1: no period) |"
+        )
 
 
 def print_tui(results: dict) -> None:
@@ -444,6 +477,9 @@ def main() -> int:
     p.add_argument("--against", type=Path, help="--only cost: the checkout to compare with")
     p.add_argument("--runs", type=int, default=3, help="--only cost: runs of each figure")
     p.add_argument("--idle-s", type=float, default=20.0, help="--only cost: idle seconds")
+    p.add_argument(
+        "--parts", default="idle,latency", help="--only cost: idle, latency or both (a,b)"
+    )
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="dflash-bench-"))
     stamp = {
@@ -454,9 +490,11 @@ def main() -> int:
         if args.against is None or not (args.against / "dflash_tui").is_dir():
             print(f"--against {args.against}: not a dflash-tui checkout", file=sys.stderr)
             return 2
-        out = args.out if args.out != p.get_default("out") else ROOT / "bench/results-monitor-cost.json"
-        lines = args.lines if args.lines != p.get_default("lines") else 100
-        results = cost_rows(tmp, args.against.resolve(), args.runs, lines, args.idle_s)
+        default_out = args.out == p.get_default("out")
+        out = ROOT / "bench" / "results-monitor-cost.json" if default_out else args.out
+        lines = 100 if args.lines == p.get_default("lines") else args.lines
+        parts = args.parts.split(",")
+        results = cost_rows(tmp, args.against.resolve(), args.runs, lines, args.idle_s, parts)
         results.update(stamp)
         out.write_text(json.dumps(results, indent=1) + "\n")
         print_cost(results)

@@ -21,9 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT = ROOT / "tests" / "fixtures" / "heartbeats" / "training-cpu.json"
-# A real finished tiny-cpu run (recorded from the previous main): its train.log ends in
-# wandb's closing lines, as an operator's finished run does.
-FINISHED_RUN = ROOT / "tests" / "fixtures" / "rundirs" / "main-c119aa7" / "20261201-031405-tiny-cpu-6e92"
 STEP = (
     "[0m] step={i} loss={loss:.4f} acc=0.100 streak=1.0 lr=1.00e-04 noise=0.0000 | "
     "tgt=1.00b/s dft=1.00b/s (1.0Ktok/s) | q_pre=[1] q_hs=[1] | epoch~0.00 ETA=1s"
@@ -99,8 +96,8 @@ def measure(
     over `busy_s` (0: skip) with a step line and a metrics row `lines_per_s` times a
     second. The tmux session is always killed.
 
-    finished: a finished run's dir (FINISHED_RUN, or one the bench just trained), copied
-    in place of the written one; no busy phase then: nothing more arrives.
+    finished: a finished run's dir (the bench trains one), copied in place of the written
+    one; no busy phase then: nothing more arrives.
     code: the checkout whose `dflash_tui` runs (the bench compares against main's).
     What the pane received while idle is kept in `workdir/pane-output`."""
     if shutil.which("tmux") is None:
