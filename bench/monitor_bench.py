@@ -36,6 +36,7 @@ from infra.fixtures import PCT_BIN, FakeGpu  # noqa: E402
 from infra.sshd import SshServer  # noqa: E402
 from infra.tui_cpu import measure as tui_cpu  # noqa: E402
 
+LATENCY_SETTLE_S = 20.0  # after the launch, before the first line is timed
 TUI_RATE = 10.0  # step lines (and metrics rows) a second while busy: a fast small run
 
 STEP = (
@@ -401,8 +402,11 @@ def cost_rows(
             print(name, "idle", out[name]["idle"][-1], flush=True)
     with TrainingHost(tmp / "host") as host:
         step = 10_000_000
-        for _ in range(runs if "latency" in parts else 0):
-            for name, code in codes.items():
+        time.sleep(LATENCY_SETTLE_S)  # past the run's first steps (each bucket compiles)
+        for k in range(runs if "latency" in parts else 0):
+            # each goes first in turn: a burst of the trainer's lands on neither every time
+            order = list(codes.items())[:: 1 if k % 2 == 0 else -1]
+            for name, code in order:
                 out[name]["latency"].append(latency_run(host, code, step, lines, every_s=0.05))
                 print(name, "latency", out[name]["latency"][-1], flush=True)
                 step += 10_000
