@@ -7,9 +7,14 @@ from typing import Any
 BARS = "▁▂▃▄▅▆▇█"
 
 
-def duration(seconds: float | None) -> str:
+def duration(seconds: float | None, minutes: bool = False) -> str:
+    """`minutes`: to the minute (`<1m`, `7m`, `2h05m`), for an ended run's ages: a figure
+    that moves every second repaints its pane every second, and after the end the second
+    says nothing."""
     if seconds is None:
         return "?"
+    if minutes and seconds < 3600:
+        return "<1m" if seconds < 60 else f"{int(seconds // 60)}m"
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:

@@ -30,7 +30,7 @@ from dflash_tui.agent.host import HostProbe
 from dflash_tui.agent.output import Out
 from dflash_tui.agent.proc_table import ProcTable
 from dflash_tui.agent.rank_watch import RankWatch
-from dflash_tui.agent.runs import RunRoot
+from dflash_tui.agent.runs import LOCK_PAUSE_S, AliveProbe, RunRoot
 from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
 from trainer.contract.protocol import (
     FOLLOWED_FILES,
@@ -67,6 +67,7 @@ class Agent:
         self.out = out
         self.remote_dir = os.path.abspath(os.path.expanduser(args.remote_dir))
         self.runs = RunRoot(os.path.abspath(os.path.expanduser(args.run_root)))
+        self.alive_probe = AliveProbe(self.runs)
         self.commands: queue.Queue[Command | None] = queue.Queue()  # None: stdin closed
         self.stop = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
@@ -176,8 +177,12 @@ class Agent:
                 inotify.drain()
             try:
                 if time.monotonic() >= next_periodic:
-                    next_periodic = time.monotonic() + PERIODIC_S
-                    self.check_runs()
+                    settled, alive = self.alive_probe.poll()
+                    if settled:
+                        next_periodic = time.monotonic() + PERIODIC_S
+                        self.check_runs(alive)
+                    else:  # the lock was held: look again soon, following files meanwhile
+                        next_periodic = time.monotonic() + LOCK_PAUSE_S
                 self.follow_files()
                 if inotify is not None:
                     inotify.watch(self.watched_dirs())
@@ -308,10 +313,9 @@ class Agent:
         self.out.emit(Follow(run_id=None))
 
     # -- the runs list and liveness ----------------------------------------------------------
-    def check_runs(self) -> None:
-        """Once a second: new runs, the alive run, liveness; the runs list on a change, and
-        every RUNS_EVERY_S anyway."""
-        alive = self.runs.alive_run()
+    def check_runs(self, alive: str | None) -> None:
+        """Once a second, given the alive run (`AliveProbe`): new runs, liveness; the runs
+        list on a change, and every RUNS_EVERY_S anyway."""
         ids = self.runs.run_ids()
         for name, why in self.runs.refused.items():
             if self.said_refused.get(name) != why:  # once per planted name, not every second

@@ -8,6 +8,8 @@ import sys
 
 from trainer.contract.protocol import TAIL_BYTES
 
+SWITCH_INTERVAL_S = 0.0005
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dflash_agent")
@@ -42,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         return wrap(args)
     from dflash_tui.agent.loop import Agent
     from dflash_tui.agent.output import Out
+
+    # The loop wakes on a new line holding nothing; the samplers' threads (NVML, /proc)
+    # hold the GIL in Python for milliseconds. Python's default 5 ms switch interval let
+    # each such sample hold a line back that long; at 0.5 ms it waits for less.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     with contextlib.suppress(KeyboardInterrupt):
         Agent(args, Out()).run()

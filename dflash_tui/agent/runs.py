@@ -229,7 +229,13 @@ class _MetricsSummary:
             self.steps = step
 
 
-def take_lock(fd: int, tries: int, pause_s: float = 0.02) -> bool:
+# A run holds the launch lock for its whole life, a liveness probe for microseconds: the
+# lock held at LOCK_TRIES tries LOCK_PAUSE_S apart is a run's.
+LOCK_TRIES = 3
+LOCK_PAUSE_S = 0.02
+
+
+def take_lock(fd: int, tries: int, pause_s: float = LOCK_PAUSE_S) -> bool:
     """flock `fd` exclusively, without blocking for long. A run holds the launch lock for
     its whole life; every agent's liveness probe (this one's, another monitor's) holds it
     for microseconds, once a second: a few tries tell the two apart, so a launch or a probe
@@ -250,6 +256,29 @@ def _is_real(path: str, kind: int) -> bool:
         return stat.S_IFMT(os.lstat(path).st_mode) == kind
     except OSError:
         return False
+
+
+class AliveProbe:
+    """`RunRoot.alive_run` for the agent's loop, which must never sleep (a line waiting to go
+    out waited with it: 40 ms once a second while a run held the lock, issue 32). Each
+    `poll` is one try at the lock; a held lock is tried again LOCK_PAUSE_S later, by the
+    loop's own timer, and taken as a run's only after LOCK_TRIES tries, as alive_run does."""
+
+    def __init__(self, root: RunRoot) -> None:
+        self.root = root
+        self.held = 0  # tries in a row that found the lock held
+
+    def poll(self) -> tuple[bool, str | None]:
+        """(settled, the alive run as alive_run says it); not settled: poll again in
+        LOCK_PAUSE_S."""
+        if not self.root.lock_held():
+            self.held = 0
+            return True, None
+        self.held += 1
+        if self.held < LOCK_TRIES:
+            return False, None
+        self.held = 0
+        return True, self.root.active_run() or "?"
 
 
 class RunRoot:
@@ -356,16 +385,27 @@ class RunRoot:
 
     def alive_run(self) -> str | None:
         """The run holding the launch lock ("?" when .active.json does not say), or None (also
-        when the lock is no regular file: refused, so it says nothing)."""
+        when the lock is no regular file: refused, so it says nothing). Sleeps between its
+        tries: for a command's thread; the agent's loop asks an `AliveProbe`."""
+        for attempt in range(LOCK_TRIES):
+            if not self.lock_held():
+                return None
+            if attempt + 1 < LOCK_TRIES:
+                time.sleep(LOCK_PAUSE_S)
+        return self.active_run() or "?"
+
+    def lock_held(self) -> bool:
+        """One try at the launch lock, never waiting: False when it was free (or is not
+        there, or refused), True when something held it just now (a run, or a probe)."""
         try:
             fd = self.open_lock()
         except (OSError, Refused):
-            return None
+            return False
         try:
-            if not take_lock(fd, tries=3):
-                return self.active_run() or "?"
+            if not take_lock(fd, tries=1):
+                return True
             fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
+            return False
         finally:
             os.close(fd)
 

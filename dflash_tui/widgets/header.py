@@ -70,7 +70,7 @@ class StatusBar(Static):
             }.get(phase.split(" (")[0], "bold yellow")  # `killed (SIGKILL)` is red too
             phase_part.append(safe.text(f" {phase} ", f"reverse {style}"))  # a newer phase
             if age is not None:
-                phase_part.append(f" {duration(age)}")
+                phase_part.append(f" {duration(age, s.outcome() is not None)}")
         hb = s.heartbeat
         step = Text(f"step {hb.step}", style="bold") if hb is not None else Text()
         toks = Text(rate(hb.tok_s)) if hb is not None and hb.tok_s is not None else Text()

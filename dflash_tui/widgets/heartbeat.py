@@ -44,8 +44,9 @@ class HeartbeatPane(Static):
             t.add_row("schema", safe.text(note, "bold yellow"))
         phase, age = s.phase()
         progress = hb.phase_progress
-        what = safe.text(f"{phase} for {duration(age)}", "bold")
         outcome = s.outcome()
+        ended = outcome is not None  # its ages to the minute: nothing moves any more
+        what = safe.text(f"{phase} for {duration(age, ended)}", "bold")
         if outcome is not None and outcome.word != phase:
             # A SIGKILLed run's last heartbeat still says `training`: say how it ended.
             what = safe.text(f"{outcome.word} (its last heartbeat said {phase})", "bold")
@@ -61,14 +62,17 @@ class HeartbeatPane(Static):
         hb_age = s.heartbeat_age()
         t.add_row(
             "heartbeat",
-            Text(f"{duration(hb_age)} ago", style="red" if (hb_age or 0) > 6 else "green"),
+            Text(
+                f"{duration(hb_age, ended)} ago",
+                style="red" if (hb_age or 0) > 6 and not ended else "green",
+            ),
         )
         if s.heartbeat_error:
             t.add_row("unreadable", safe.text(s.heartbeat_error, "red"))
         since = s.remote_now() - hb.last_step_at if hb.last_step_at is not None else None
         t.add_row(
             "last step",
-            f"step {hb.step} · {duration(since)} ago"
+            f"step {hb.step} · {duration(since, ended)} ago"
             if since is not None
             else f"step {hb.step} · none yet",
         )

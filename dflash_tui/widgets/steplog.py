@@ -19,6 +19,7 @@ import time
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
+from textual.geometry import Size
 from textual.message import Message
 from textual.widgets import RichLog
 
@@ -331,6 +332,21 @@ class StepLog(RichLog):
         self.wrap = not self.wrap
         self.rebuild(s)
         return self.wrap
+
+    # Textual's ScrollView compares the size the layout gives it with its own virtual size
+    # (its lines), which never match, so every layout anywhere on the screen (a pane's
+    # age ticking) redrew both scrollbars unchanged (issue 32). Only a change they show
+    # redraws them: the widget's size, its lines' extent, the container's.
+    _scrollbars_for: tuple[Size, Size, Size] | None = None
+
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        seen = (size, self.virtual_size, container_size)
+        if seen == self._scrollbars_for:
+            return False
+        self._scrollbars_for = seen
+        return super()._size_updated(size, virtual_size, container_size, layout)
 
     def on_resize(self, event: events.Resize) -> None:
         # Wrapped lines were folded at the old width (RichLog's own handler runs too).

@@ -88,27 +88,42 @@ def measure(
     busy_s: float = 20.0,
     lines_per_s: float = 10.0,
     settle_s: float = 5.0,
+    finished: Path | None = None,
+    code: Path = ROOT,
 ) -> TuiCpu:
     """Start the TUI in tmux against a fresh run dir under `workdir`, wait until it shows
     the run, let it settle, then sample its CPU over `idle_s` with nothing arriving and
     over `busy_s` (0: skip) with a step line and a metrics row `lines_per_s` times a
-    second. The tmux session is always killed."""
+    second. The tmux session is always killed.
+
+    finished: a finished run's dir (the bench trains one), copied in place of the written
+    one; no busy phase then: nothing more arrives.
+    code: the checkout whose `dflash_tui` runs (the bench compares against main's).
+    What the pane received while idle is kept in `workdir/pane-output`."""
     if shutil.which("tmux") is None:
         raise RuntimeError("tmux not installed")
     remote = workdir / "remote"
-    run_dir = write_run(remote)
+    if finished is not None:
+        run_dir = remote / "runs" / finished.name
+        shutil.copytree(finished, run_dir)
+        steps = json.loads((finished / "exit.json").read_text())["step"]
+        run_id, shown = finished.name, f"step {steps}"  # the header: the log may end in wandb
+        busy_s = 0.0
+    else:
+        run_dir = write_run(remote)
+        run_id, shown = RUN_ID, "step=49"
     env = {
         "XDG_CONFIG_HOME": str(workdir / "config"),
         "XDG_STATE_HOME": str(workdir / "state"),
         "TERM": "xterm-256color",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(code),
     }
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     py = shlex.quote(sys.executable)
     # exec: the pane's pid is the TUI's. The sleep: a fresh tmux server sizes its pane
     # 80x24 for a moment first.
     cmd = (
-        f"sleep 1; cd {shlex.quote(str(ROOT))} && exec env {exports} {py} -m dflash_tui local"
+        f"sleep 1; cd {shlex.quote(str(code))} && exec env {exports} {py} -m dflash_tui local"
         f" --remote-dir {shlex.quote(str(remote))} --python {py}"
     )
     session = f"dflash-tui-cpu-{os.getpid()}"
@@ -118,7 +133,7 @@ def measure(
         screen = ""
         while time.monotonic() < deadline:
             screen = tmux("capture-pane", "-t", session, "-p")
-            if RUN_ID in screen and "step=49" in screen:
+            if run_id in screen and shown in screen:
                 break
             time.sleep(0.5)
         else:
@@ -133,6 +148,7 @@ def measure(
         elapsed = time.monotonic() - t0
         idle = (cpu_seconds(pid) - c0) / elapsed * 100
         idle_bytes = ((written.stat().st_size if written.exists() else 0) - b0) / elapsed
+        tmux("pipe-pane", "-t", session)  # stop: the file holds the settle and idle output
         busy = None
         if busy_s > 0:
             stop = threading.Event()

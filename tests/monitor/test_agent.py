@@ -495,6 +495,20 @@ def test_the_wrapper_records_the_trainers_start_and_its_exit(tmp_path):
     assert ended["total_steps"] == 400 and ended["checkpoint"] == "checkpoints/step-00000051.pt"
 
 
+def hold_lock(lock: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process that holds `lock` (flock) for `seconds`, once it says so."""
+    hold = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", hold, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert p.stdout is not None and p.stdout.readline() == "held\n"
+    return p
+
+
 @pytest.mark.serial  # a time bound: not beside another test's trainer
 def test_a_liveness_probe_is_not_taken_for_a_run(tmp_path):
     """Every agent probes the launch lock once a second (flock for microseconds). A launch
@@ -504,18 +518,9 @@ def test_a_liveness_probe_is_not_taken_for_a_run(tmp_path):
 
     lock = tmp_path / ".launch.lock"
     lock.touch()
-    hold = (
-        "import fcntl, os, sys, time\n"
-        "fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "print('held', flush=True); time.sleep(float(sys.argv[2]))"
-    )
 
     def held_for(seconds: float) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-c", hold, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True
-        )
-        assert p.stdout is not None and p.stdout.readline() == "held\n"
-        return p
+        return hold_lock(lock, seconds)
 
     fd = os.open(lock, os.O_RDWR)
     try:
@@ -532,3 +537,31 @@ def test_a_liveness_probe_is_not_taken_for_a_run(tmp_path):
         run.wait(5)
     finally:
         os.close(fd)
+
+
+@pytest.mark.serial  # a time bound
+def test_the_loop_tries_the_launch_lock_without_sleeping(tmp_path):
+    """The loop's probe (AliveProbe) answers as alive_run does, but one try per poll: the
+    loop follows files between its tries. alive_run slept 2 x 20 ms on a held lock, and
+    every line arriving meanwhile waited with it (issue 32: p99 26-44 ms, once a second
+    while a run trained)."""
+    from dflash_tui.agent.runs import LOCK_PAUSE_S, LOCK_TRIES, AliveProbe, RunRoot
+
+    root = RunRoot(str(tmp_path))
+    (tmp_path / ".active.json").write_text(json.dumps({"run_id": "the-run", "wrapper_pid": 1}))
+    lock = Path(root.lock_path())
+    lock.touch()
+    probe = AliveProbe(root)
+    assert probe.poll() == (True, None)  # free: settled at once
+    run = hold_lock(lock, 30)
+    try:
+        t0 = time.monotonic()
+        answers = [probe.poll() for _ in range(LOCK_TRIES)]
+        took = time.monotonic() - t0
+        assert answers == [(False, None)] * (LOCK_TRIES - 1) + [(True, "the-run")]
+        assert took < LOCK_PAUSE_S * (LOCK_TRIES - 1), took  # what alive_run sleeps
+        assert root.alive_run() == "the-run"  # the same answer, the commands' way
+    finally:
+        run.kill()
+        run.wait(5)
+    assert probe.poll() == (True, None)  # let go: free again at the first try
