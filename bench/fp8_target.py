@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import statistics
 import sys
@@ -106,6 +107,11 @@ def timed(fn: Callable[[], object], reps: int, dev: torch.device) -> float:
     return statistics.median(times)
 
 
+def layers_of(f: TargetFeatures) -> torch.nn.Module:
+    layers: Any = f.base.layers
+    return layers
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--target", type=Path, help="a target folder (default: the 8B shape)")
@@ -136,12 +142,13 @@ def main() -> int:
         bf16, fp8 = from_folder(args.target, layer_ids, dev)
     else:
         bf16, fp8 = in_memory(layer_ids, dev)
-    hidden = bf16.base.config.hidden_size
+    config: Any = bf16.base.config  # HF's model config (an nn.Module attribute to mypy)
+    hidden = int(config.hidden_size)
     print(f"FP8 built in {time.time() - t0:.1f}s; layers read {layer_ids}", flush=True)
 
     seq = sum(DOC_LENGTHS)
     g = torch.Generator().manual_seed(0)
-    vocab = bf16.base.config.vocab_size
+    vocab = int(config.vocab_size)
     ids = torch.randint(0, vocab, (1, seq), generator=g).to(dev)
     pos = torch.cat([torch.arange(n) for n in DOC_LENGTHS])[None]
     docs = bf16.packed_docs(pos, dev)
@@ -165,8 +172,8 @@ def main() -> int:
         "docs": list(DOC_LENGTHS),
         "packed_attention": bf16.packed_attention,
         "weights_gb": {
-            "bf16": weight_bytes(bf16.base.layers) / 1e9,
-            "fp8": weight_bytes(fp8.base.layers) / 1e9,
+            "bf16": weight_bytes(layers_of(bf16)) / 1e9,
+            "fp8": weight_bytes(layers_of(fp8)) / 1e9,
         },
         "feature_rel_error": errors,
         "feature_cosine": cosine,
@@ -181,7 +188,7 @@ def main() -> int:
                 forward(f)
                 sync(dev)
                 result.setdefault("compile_s", {})[name] = time.time() - t1
-            ms = timed(lambda f=f: forward(f), args.reps, dev)
+            ms = timed(functools.partial(forward, f), args.reps, dev)
             result["forward_ms"][f"{name}_{mode}"] = ms
         if mode == "compiled":  # the compiled FP8 forward against the compiled bf16 one
             c_err = (forward(fp8).float() - forward(bf16).float()).norm() / want.norm()

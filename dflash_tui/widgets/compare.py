@@ -11,14 +11,14 @@ from textual_plotext import PlotextPlot
 
 from dflash_tui import compare
 from dflash_tui.widgets import keys, safe
-from dflash_tui.widgets.search import Search, SearchText
+from dflash_tui.widgets.search import Search, SearchKeys, SearchText
 
 # One colour per run, the same in every plot and in the key.
 RUN_COLOURS = ("cyan", "magenta", "green", "orange", "red", "blue", "yellow", "white")
 CURVES = (("loss", "loss"), ("acc", "acc"), ("streak", "streak"), ("tok_s", "tok/s"))
 
 
-class CompareScreen(Screen[None]):
+class CompareScreen(SearchKeys, Screen[None]):
     """A viewer (widgets/keys.py): `/` searches the differences, n / N, q or Esc back."""
 
     BINDINGS = keys.VIEWER
@@ -70,15 +70,3 @@ class CompareScreen(Screen[None]):
                         marker="braille",
                     )
             plot.refresh()
-
-    def action_search(self) -> None:
-        self.search.open()
-
-    def action_next_match(self) -> None:
-        self.search.step(1)
-
-    def action_previous_match(self) -> None:
-        self.search.step(-1)
-
-    def action_close(self) -> None:
-        self.dismiss()

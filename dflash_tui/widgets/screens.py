@@ -15,7 +15,7 @@ from dflash_tui import runs_view
 from dflash_tui.facts import run_outcome
 from dflash_tui.widgets import keys, safe
 from dflash_tui.widgets.filterbar import FilterBar
-from dflash_tui.widgets.search import Search, SearchText
+from dflash_tui.widgets.search import Search, SearchKeys, SearchText
 from trainer.contract.outcomes import CRASH, DIED, FINISHED, KILLED, RUNNING, STOPPED_EARLY
 from trainer.contract.protocol import RunInfo
 
@@ -29,7 +29,7 @@ OUTCOME_STYLE = {
 }
 
 
-class TextScreen(Screen[None]):
+class TextScreen(SearchKeys, Screen[None]):
     """A full screen of text the host wrote (a stack dump, py-spy's output, run info, the
     step log), scrollable with j k g G, the arrows and the mouse; `/` searches, n / N go
     from match to match; escape or q goes back. A viewer: it sends nothing (keys.py)."""
@@ -54,18 +54,6 @@ class TextScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one(SearchText).focus()  # j and k scroll here (kill is K, and asks)
-
-    def action_search(self) -> None:
-        self.search.open()
-
-    def action_next_match(self) -> None:
-        self.search.step(1)
-
-    def action_previous_match(self) -> None:
-        self.search.step(-1)
-
-    def action_close(self) -> None:
-        self.dismiss()
 
 
 TEXT_KEYS = "j/k ↑/↓ scroll · g/G top/bottom · PgUp/PgDn · / search, n/N · esc/q back"
@@ -137,7 +125,7 @@ Everywhere
 """
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(SearchKeys, ModalScreen[None]):
     BINDINGS = [*keys.VIEWER, Binding("question_mark", "close", "close", show=False)]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
@@ -160,18 +148,6 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one(SearchText).focus()
-
-    def action_search(self) -> None:
-        self.search.open()
-
-    def action_next_match(self) -> None:
-        self.search.step(1)
-
-    def action_previous_match(self) -> None:
-        self.search.step(-1)
-
-    def action_close(self) -> None:
-        self.dismiss()
 
 
 class RunsTable(DataTable[object]):

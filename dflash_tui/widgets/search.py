@@ -207,3 +207,23 @@ class Search:
 
     def _say(self, text: Text) -> None:
         self.screen.query_one("#keys", Static).update(text)
+
+
+class SearchKeys:
+    """A viewer's keys over its `Search` (keys.VIEWER): `/` opens the search, `n`/`N` step
+    through the matches, `q`/Esc closes. Mixed into the viewer screens, before Screen."""
+
+    search: Search
+
+    def action_search(self) -> None:
+        self.search.open()
+
+    def action_next_match(self) -> None:
+        self.search.step(1)
+
+    def action_previous_match(self) -> None:
+        self.search.step(-1)
+
+    def action_close(self) -> None:
+        screen: Any = self
+        screen.dismiss()
