@@ -103,5 +103,11 @@ def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess
         text=True,
         timeout=timeout,
         cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, **(env or {})},
+        env={**piped_env(), **(env or {})},
     )
+
+
+def piped_env() -> dict[str, str]:
+    """This process's environment as a pipe's reader has it: without COLUMNS and LINES,
+    which a test before may have left set (then `runs` would fit its rows to them)."""
+    return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}

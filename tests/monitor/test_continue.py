@@ -117,8 +117,9 @@ def test_continue_is_refused_for_a_run_with_no_checkpoint_and_with_fresh(
 
 
 def launch_dead(r, runs_dir: Path) -> str:
-    """A run that dies before it starts: a bad override (exit 2)."""
-    with pytest.raises((ControlError, LinkError), match="exited at start"):
+    """A run that dies before it starts: a bad override (exit 2; the agent answers with the
+    trainer's own line, as bad input)."""
+    with pytest.raises((ControlError, LinkError), match=r"train\.max_steps = -3"):
         launch(r, *SHORT, "train.max_steps=-3")
     died = sorted(p.name for p in runs_dir.iterdir() if (p / "exit.json").exists())[-1]
     assert record(runs_dir / died, "exit.json")["exit_code"] == 2

@@ -4,11 +4,17 @@ then the export written on the host from the deployed trainer, never over an ear
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
-from monitor_helpers import NO_WANDB, TINY
+import pytest
+from monitor_helpers import NO_WANDB, TINY, Remote
 from test_monitor_cli import cli
+
+from dflash_tui.link.link import LinkError
+from dflash_tui.targets import Target
+from trainer.contract.protocol import Launch
 
 
 def test_export_writes_the_runs_drafter_on_the_host_and_never_overwrites(tmp_path):
@@ -60,12 +66,19 @@ def test_export_writes_the_runs_drafter_on_the_host_and_never_overwrites(tmp_pat
 
 def test_export_of_a_run_that_never_checkpointed_is_bad_input(tmp_path):
     """A launch whose trainer exits 2 at once (a bad override): a real run dir with no
-    checkpoint. The export names it: one line, exit 2."""
+    checkpoint. The export names it: one line, exit 2. (The CLI's `launch` refuses a bad
+    override before launching, so the agent is asked directly, as an older client would.)"""
     remote = tmp_path / "remote"
     where = ["local", "--remote-dir", str(remote)]
     assert cli("deploy", *where).returncode == 0
-    r = cli("launch", *where, "--config", str(TINY), "--set", "train.lr=abc")
-    run_id = next(w for w in (r.stdout + r.stderr).split() if "-tiny-cpu-" in w).strip("():,")
+    r = Remote(Target(name="local", kind="local", remote_dir=str(remote), python=sys.executable))
+    try:
+        with pytest.raises(LinkError, match=r"train\.lr"):
+            r.request(Launch(config_toml=TINY.read_text(), name="tiny-cpu",
+                             overrides=[NO_WANDB, "train.lr=abc"]))  # fmt: skip
+    finally:
+        r.close()
+    (run_id,) = [p.name for p in (remote / "runs").iterdir() if p.is_dir()]
     bad = cli("export", *where, "--run", run_id)
     assert bad.returncode == 2, (bad.stdout, bad.stderr)
     (line,) = bad.stderr.strip().splitlines()

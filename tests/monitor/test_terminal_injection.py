@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from monitor_helpers import ROOT
+from monitor_helpers import ROOT, piped_env
 
 from trainer.contract.heartbeat import ErrorInfo
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat
@@ -156,7 +156,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         errors="surrogateescape",
         timeout=120,
         cwd=ROOT,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        env={**piped_env(), "NO_COLOR": "1", **(env or {})},
     )
 
 
