@@ -250,9 +250,11 @@ def test_the_cli_and_the_tui_send_the_same_kill_and_restart() -> None:
             app.feed(typed_event({"type": "link", "t": NOW, "state": "connected"}))
             app.feed(typed_event({"type": "follow", "t": NOW, "run_id": RUN}))
             app.feed(typed_event({"type": "runs", "t": NOW, "runs": [], "alive_run": RUN}))
-            for key, answer in (("K", "y"), ("r", "r")):  # r asks which: r resumes
-                await pilot.press(key)
-                await pilot.press(answer)
+            # K asks for the word kill typed; r asks which, Enter on the focused resume
+            for keys in (["K", *"kill", "enter"], ["r", "enter"]):
+                for key in keys:
+                    await pilot.press(key)
+                    await pilot.pause(0.05)
                 for _ in range(50):
                     await pilot.pause(0.05)
                     if app.controls.busy is None:

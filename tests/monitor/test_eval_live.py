@@ -143,7 +143,9 @@ def test_the_plots_draw_the_runs_held_out_tau(evaluated, tmp_path, monkeypatch):
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     recorded = {float(r["eval"]["step"]): r["eval"]["tau"] for r in rows if r.get("eval")}
     recorded = {step: tau for step, tau in recorded.items() if tau is not None}
-    assert len(recorded) >= 2
+    # Usually 2-3 evals; on two busy cores an eval due while one runs is skipped, so one
+    # may be all the run recorded: the curve must then hold that one, at its step.
+    assert len(recorded) >= 1
     target = resolve_target("local", run_root=str(root), python=sys.executable)
 
     async def go() -> dict[float, float]:

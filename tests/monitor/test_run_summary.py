@@ -29,7 +29,8 @@ RECORDED = ROOT / "tests" / "fixtures" / "rundirs" / "main-c119aa7" / FINISHED
 
 
 def plain(widget) -> str:
-    console = Console(width=158, record=True, file=io.StringIO(), color_system=None)
+    # Wide: the export line holds the test's remote dir, longer under xdist's worker dirs
+    console = Console(width=400, record=True, file=io.StringIO(), color_system=None)
     console.print(widget.content)
     return console.export_text()
 
