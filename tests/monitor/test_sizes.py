@@ -260,7 +260,11 @@ def test_the_gpu_pane_is_on_screen_at_every_size_on_a_gpu_host(
     async def go():
         app = DFlashApp(local_target, theme_name="dark")
         async with app.run_test(size=size) as pilot:
-            await until(pilot, lambda: "/140G" in screen_text(app), timeout=30)
+            # The memory comes with the first sample; the utilisation may show "—" until a
+            # later one (a loaded machine drew that frame once): wait for both.
+            await until(
+                pilot, lambda: "/140G" in screen_text(app) and "67%" in screen_text(app), timeout=30
+            )
             screen = screen_text(app)
             if plan(*size).gpus_compact:
                 line = next(ln for ln in screen.splitlines() if "8× H200" in ln)
