@@ -111,3 +111,15 @@ def piped_env() -> dict[str, str]:
     """This process's environment as a pipe's reader has it: without COLUMNS and LINES,
     which a test before may have left set (then `runs` would fit its rows to them)."""
     return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+
+async def wait_for(
+    pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 30.0
+) -> Any:
+    """Pause the Pilot until `predicate()` is truthy and return its value; `what` names it
+    when it never is."""
+    for _ in range(int(timeout / 0.1)):
+        if value := predicate():
+            return value
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

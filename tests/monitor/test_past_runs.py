@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import monitor_helpers
 import pytest
 from monitor_helpers import Remote
 from textual_plotext import PlotextPlot
@@ -110,12 +111,7 @@ def test_switching_runs_resets_the_store_and_the_offsets(run_root, remote_factor
 
 # -- the TUI --------------------------------------------------------------------------------
 async def wait_for(pilot, predicate, what: str, timeout: float = 60.0):
-    for _ in range(int(timeout / 0.1)):
-        value = predicate()
-        if value:
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await monitor_helpers.wait_for(pilot, predicate, what, timeout)  # a longer default
 
 
 async def choose_run(pilot, app: DFlashApp, run_id: str) -> None:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from monitor_helpers import wait_for
 
 from dflash_tui.app import DFlashApp
 from dflash_tui.targets import Target
@@ -117,14 +118,6 @@ def test_a_bad_sort_or_filter_is_one_line_and_exit_2(run_root, args, said):
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.splitlines()) == 1 and said in r.stderr, r.stderr
     assert "\x1b" not in r.stderr
-
-
-async def wait_for(pilot, predicate, what: str, timeout: float = 30.0):
-    for _ in range(int(timeout / 0.1)):
-        if value := predicate():
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_the_runs_screen_at_80x24_filters_and_sorts(run_root):

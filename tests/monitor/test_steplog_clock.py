@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from monitor_helpers import typed_event
+from monitor_helpers import typed_event, wait_for
 from test_diagnosis import NOW, events
 
 from dflash_tui.app import DFlashApp
@@ -40,14 +40,6 @@ def shown_lines(log: StepLog) -> list[str]:
 
 def local_clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-async def wait_for(pilot, predicate, what: str, timeout: float = 30.0):
-    for _ in range(int(timeout / 0.1)):
-        if value := predicate():
-            return value
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_c_shows_each_step_lines_time_and_hides_it_again(run_root):
