@@ -7,8 +7,8 @@
 #   hybrid    the Qwen3.6-27B-shaped target's forward (a few layers of it, random weights, no
 #             disk), with and without flash-linear-attention, packed and unpacked (a harness)
 #   27b       the Qwen3.6-27B-shaped config through dflash-tui launch: tok/s (target.compile on:
-#             its full-attention layers compiled, a Gated DeltaNet layer's norms and MLP
-#             compiled around fla's eager kernels)
+#             its full-attention layers compiled, a Gated DeltaNet layer's norms, gates,
+#             gated norm + out_proj and MLP compiled around fla's eager kernels)
 #   27b-eager the same with target.compile = false
 #   27b-fp8   the same with --set target.dtype=fp8 (the decoder linears in FP8, issue 31)
 #   x2        two GPUs (nvidia-h200-x2): the 8B config on the realistic data with every role

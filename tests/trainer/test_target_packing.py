@@ -174,3 +174,33 @@ def test_the_registered_function_is_hf_sdpa_for_every_other_call(tiny_target_dir
         got, _ = fn(module, q, k, v, m, dropout=0.0, scaling=0.25)
         want, _ = sdpa_attention_forward(module, q, k, v, m, dropout=0.0, scaling=0.25)
         assert torch.equal(got, want)
+
+
+def test_compiled_gated_deltanet_pieces_equal_hf_s(tiny_hybrid_target_dir):
+    """The pieces HybridLayerParts compiles around fla's kernels: the gates exactly, and the
+    plain-torch gated RMSNorm + out_proj as HF's own norm module computes them (bf16, one
+    rounding apart), for every Gated DeltaNet layer, with one graph each across the layers."""
+    from torch._dynamo.utils import counters
+
+    from trainer.targets.packing import HybridLayerParts, gdn_gates
+
+    f = load_target(
+        tiny_hybrid_target_dir, [1], torch.bfloat16, torch.device("cpu"), "mask"
+    ).features
+    linear = [layer for i, layer in enumerate(f.base.layers) if f.linear[i]]
+    assert linear
+    torch._dynamo.reset()
+    graphs0 = int(counters["stats"]["unique_graphs"])
+    g = torch.Generator().manual_seed(0)
+    for layer in linear:
+        m, parts = layer.linear_attn, HybridLayerParts(layer)
+        flat = torch.randn(1, 48, m.in_proj_b.in_features, generator=g).bfloat16()
+        out = torch.randn(1, 48, m.num_v_heads, m.head_v_dim, generator=g).bfloat16()
+        for want, have in zip(gdn_gates(m, flat), parts.gates(m, flat)):
+            assert torch.allclose(want.float(), have.float(), rtol=1e-6, atol=1e-6)
+        z = m.in_proj_z(flat)
+        normed = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+        want = m.out_proj(normed.reshape(1, 48, -1)).float()
+        have = parts.output(m, flat, out).float()
+        assert float((have - want).norm() / want.norm()) < 1e-2
+    assert int(counters["stats"]["unique_graphs"]) - graphs0 == 2  # shared across layers

@@ -134,7 +134,9 @@ def fla_available() -> bool:
     return True
 
 
-def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+def gated_deltanet_fla(
+    m: Any, x: Tensor, bounds: DocBounds, parts: HybridLayerParts | None = None
+) -> Tensor:
     """HF's Qwen3.5 GatedDeltaNet forward (transformers 5.17-5.24: same weights, same order
     of operations) on the whole batch flattened to one sequence, with fla's kernels given
     the documents' `cu_seqlens`: its causal conv and its chunked delta rule both restart at
@@ -158,21 +160,53 @@ def gated_deltanet_fla(m: Any, x: Tensor, bounds: DocBounds) -> Tensor:
     q = q.reshape(1, T, -1, m.head_k_dim)
     k = k.reshape(1, T, -1, m.head_k_dim)
     v = v.reshape(1, T, -1, m.head_v_dim)
-    beta = m.in_proj_b(flat).sigmoid()
-    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    beta, g = (gdn_gates if parts is None else parts.gates)(m, flat)
     out, _ = chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
     )
-    z = m.in_proj_z(flat)
-    out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
-    return m.out_proj(out.reshape(1, T, -1)).view(shape)
+    if parts is None:
+        z = m.in_proj_z(flat)
+        out = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))
+        return m.out_proj(out.reshape(1, T, -1)).view(shape)
+    return parts.output(m, flat, out).view(shape)
 
 
-def gated_deltanet_packed(module: Any, x: Tensor, bounds: DocBounds) -> Tensor:
+def gdn_gates(m: Any, flat: Tensor) -> tuple[Tensor, Tensor]:
+    """A GatedDeltaNet's per-head write strength (beta) and decay (g), as HF computes them."""
+    beta = m.in_proj_b(flat).sigmoid()
+    g = -m.A_log.float().exp() * F.softplus(m.in_proj_a(flat).float() + m.dt_bias)
+    return beta, g
+
+
+def gated_rmsnorm(x: Tensor, gate: Tensor, norm: Any) -> Tensor:
+    """The gated RMSNorm after the delta rule, in plain torch ops for inductor to fuse:
+    rmsnorm(x) * weight * silu(gate), in fp32, cast back once, as fla's FusedRMSNormGated
+    computes it (HF's own class rounds to bf16 between the weight and the gate: a rounding
+    apart). Plain ops because, with fla installed, transformers makes `m.norm` fla's
+    Triton-kernel module, which is not for dynamo to trace."""
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * norm.weight.float()
+    if getattr(norm, "bias", None) is not None:
+        y = y + norm.bias.float()
+    return (y * F.silu(gate.float())).to(x.dtype)
+
+
+def gdn_output(m: Any, flat: Tensor, out: Tensor) -> Tensor:
+    """A GatedDeltaNet's gated RMSNorm of the delta rule's output [1, T, heads, v], then its
+    out_proj: [1, T, hidden]."""
+    z = m.in_proj_z(flat).reshape(-1, m.head_v_dim)
+    normed = gated_rmsnorm(out.reshape(-1, m.head_v_dim), z, m.norm)
+    return m.out_proj(normed.reshape(1, flat.shape[1], -1))
+
+
+def gated_deltanet_packed(
+    module: Any, x: Tensor, bounds: DocBounds, parts: HybridLayerParts | None = None
+) -> Tensor:
     """HF's Qwen3.5 GatedDeltaNet on a packed [B, S, H] input, documents kept apart: fla's
     kernels with the boundaries on CUDA, else each document alone through HF's own layer."""
     if x.device.type == "cuda" and fla_available():
-        return gated_deltanet_fla(module, x, bounds)
+        return gated_deltanet_fla(module, x, bounds, parts)
     return bounds.per_document(module, x)
 
 
@@ -180,9 +214,9 @@ def hybrid_layer_packed(
     layer: Any, hidden: Tensor, bounds: DocBounds, parts: HybridLayerParts | None = None
 ) -> Tensor:
     """One Qwen3.5 linear-attention decoder layer, as HF's, with the packed token mixer.
-    `parts`: its norm and MLP compiled (`target.compile`); the token mixer stays eager."""
+    `parts`: its elementwise pieces compiled (`target.compile`); fla's kernels stay eager."""
     norm_in = layer.input_layernorm if parts is None else parts.norm_in
-    h = gated_deltanet_packed(layer.linear_attn, norm_in(hidden), bounds)
+    h = gated_deltanet_packed(layer.linear_attn, norm_in(hidden), bounds, parts)
     if parts is not None:
         return parts.residual_mlp(layer, hidden, h)
     return residual_mlp(layer, hidden, h)
@@ -196,21 +230,22 @@ def residual_mlp(layer: Any, residual: Tensor, mixed: Tensor) -> Tensor:
 
 class HybridLayerParts:
     """A Gated DeltaNet layer's elementwise-heavy pieces compiled (`target.compile`): its
-    input RMSNorm, and the residuals with the post-attention RMSNorm and the SwiGLU MLP
-    around the MLP's GEMMs. On the H200 the 27B shape's eager forward spent 14.5 of 50.8 ms
-    (8 layers) in unfused elementwise kernels (`bench/hybrid_forward.py --profile`). fla's
+    input RMSNorm; the gates (beta, g); the gated RMSNorm of the delta rule's output with
+    out_proj; and the residuals with the post-attention RMSNorm and the SwiGLU MLP around
+    the MLP's GEMMs. On the H200 the 27B shape's eager forward spent 14.5 of 50.8 ms (8
+    layers) in unfused elementwise kernels (`bench/hybrid_forward.py --profile`). fla's
     kernels in between stay eager: their host-side chunk indexing varies with the row's
-    documents and would recompile. Both pieces see one static shape per bucket, and dynamo
+    documents and would recompile. Each piece sees one static shape per bucket, and dynamo
     shares one graph across the layers (their weights are graph inputs).
 
-    Not compiled, on purpose: the gates (beta, g) and the gated RMSNorm + out_proj after the
-    delta rule. Compiled too, the 27B config ran 6,732 tok/s against these parts' 6,419 on
-    the H200 (12-04), but its loss left eager's trajectory (step 60: 6.92 against 6.13;
-    these parts' run matched eager's within 0.02 in the same call), and the GPU test that
-    compares the features did not get to run. Take it back only with that test passing."""
+    The gated norm is `gated_rmsnorm`, not `m.norm`: a first try (12-04) compiled `m.norm`,
+    fla's Triton-kernel module under transformers 5.17, and that run's loss left eager's
+    trajectory (step 60: 6.92 against 6.13)."""
 
     def __init__(self, layer: Any) -> None:
         self.norm_in = torch.compile(layer.input_layernorm, dynamic=False)
+        self.gates = torch.compile(gdn_gates, dynamic=False)
+        self.output = torch.compile(gdn_output, dynamic=False)
         self.residual_mlp = torch.compile(residual_mlp, dynamic=False)
 
 
