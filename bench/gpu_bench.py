@@ -505,8 +505,9 @@ def section_target_packed(sh: Shapes, device: torch.device, target: TargetFeatur
         row(f"target forward, {name} (eager HF layers)", f"{t * 1e3:.1f} ms/row")
     if device.type != "cuda" or os.environ.get("BENCH_SKIP_TARGET_COMPILE"):
         return
-    # Each decoder layer compiled (one graph for all, as the drafter's): RMSNorm, RoPE and
-    # SwiGLU fused; varlen stays eager between two graphs (torch.compiler.disable).
+    # As launch compiles them (`target.compile`, TargetFeatures.compile_layers): each decoder
+    # layer, one graph for all: RMSNorm, RoPE and SwiGLU fused; varlen stays eager between
+    # two graphs (torch.compiler.disable).
     t0 = time.perf_counter()
     from torch._dynamo.utils import counters
 
@@ -515,8 +516,7 @@ def section_target_packed(sh: Shapes, device: torch.device, target: TargetFeatur
     torch._dynamo.config.accumulated_cache_size_limit = max(
         torch._dynamo.config.accumulated_cache_size_limit, 512
     )
-    for layer in target.base.layers:  # type: ignore[union-attr]
-        layer.compile(dynamic=False)
+    target.compile_layers()
     for name, fn in (("one document a row", unpacked), ("packed, varlen", run("varlen"))):
         it = iter(range(1 << 30))
         first = time.perf_counter()

@@ -7,9 +7,10 @@
 #
 #   bench/gpu_eval_8b.sh OUT        (on the GPU machine, repo root; .whl/ carried)
 #   CONFIG=trainer/configs/demo-cpu.toml EVERY=25 bench/gpu_eval_8b.sh OUT  (any machine)
+#   SETS="eval.stream_priority=low" bench/gpu_eval_8b.sh OUT  (more --set overrides)
 set -uo pipefail
 out="${1:?usage: bench/gpu_eval_8b.sh OUT}"; mkdir -p "$out"; out=$(cd "$out" && pwd)
-work=/tmp/e8; rm -rf "$work"; mkdir -p "$work"
+work=/tmp/e8; rm -rf "$work/remote" "$work/status.json"; mkdir -p "$work"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 DFLASH_CACHE_DIR="$work/cache"
 log="$out/summary.txt"; : > "$log"
 t0=$(date +%s)
@@ -28,7 +29,8 @@ fi
 say deploy
 "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
 say launch
-"${cli[@]}" launch "${where[@]}" --config "$config" --set eval.every="$every" > "$work/launch.txt" 2>&1 \
+extra=(); for kv in ${SETS:-}; do extra+=(--set "$kv"); done  # SETS="k=v …": more overrides
+"${cli[@]}" launch "${where[@]}" --config "$config" --set eval.every="$every" "${extra[@]}" > "$work/launch.txt" 2>&1 \
   || { tail -5 "$work/launch.txt" | tee -a "$log"; exit 1; }
 tail -1 "$work/launch.txt" | tee -a "$log"
 run=$(ls -d "$work"/remote/runs/*/ | head -1)

@@ -31,6 +31,11 @@
 #   8b-chat   the 8b part's chat-data launch alone (bf16)
 #   8b-fp8    the 8B config through dflash-tui launch with --set target.dtype=fp8: tok/s
 #             (beside the 8b part's bf16 figure: run it first, on the same machine)
+#   fp8-tau   the held-out τ of a drafter trained on the demo's chat target (demo-cpu.toml on
+#             cuda:0, FP8_TAU_STEPS steps, its bf16 target), decoded by the bf16 target and
+#             by the FP8 one: `python -m trainer eval --set target.dtype=fp8` (issue 31)
+#   packed-forward  gpu_bench's target sections: the 8B target's forward on one unpacked and
+#             on packed rows of the bundled data, eager and compiled as launch compiles it
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -288,12 +293,30 @@ EOF2
       launch_and_measure 8b-fp8 trainer/configs/qwen3-8b-h200.toml "${SETTLE:-15}" "${MEASURE:-45}" \
         --set target.dtype=fp8
       grep -m1 "target FP8:" "$out/train-8b-fp8.log" | tee -a "$log" ;;
+    fp8-tau)
+      say "train the demo config on the chat target, on the GPU"
+      rm -rf "$work/tau-runs"
+      python3 -m trainer --config trainer/configs/demo-cpu.toml --run-root "$work/tau-runs" \
+        --max-steps "${FP8_TAU_STEPS:-150}" --set runtime.wandb_mode=disabled \
+        --set 'runtime.targets=["cuda:0"]' --set 'runtime.drafters=["cuda:0"]' \
+        --set eval.every=0 > "$work/tau-train.txt" 2>&1 || tail -5 "$work/tau-train.txt" | tee -a "$log"
+      tau_run=$(ls -d "$work"/tau-runs/*/ | head -1)
+      grep -E "^step|loss" "$tau_run/train.log" | grep -v wandb | tail -2 | tee -a "$log"
+      for how in bf16 fp8; do
+        set_args=(); [[ $how == fp8 ]] && set_args=(--set target.dtype=fp8)
+        echo "TAU $how $(python3 -m trainer eval "$tau_run" --device cuda:0 --prompts 32 \
+          --new-tokens 64 --tree-nodes 0 "${set_args[@]}" 2>&1 | tail -1)" | tee -a "$log"
+      done
+      cp -r "$tau_run/eval" "$out/tau-eval" 2>/dev/null ;;
+    packed-forward)
+      python3 bench/gpu_bench.py --only target_packed --out "$out/packed-forward.json" 2>&1 \
+        | grep -v Warning | tee -a "$log" ;;
     tiny)  # the script's own check, on any machine: the CPU demo config, packed vs not
       [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
       launch_and_measure tiny-packed trainer/configs/tiny-cpu.toml 5 20
       launch_and_measure tiny-padded trainer/configs/tiny-cpu.toml 5 20 --set data.packing=false ;;
-    *) echo "unknown part: $part (8b, 8b-chat, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, tiny)" >&2; exit 2 ;;
+    *) echo "unknown part: $part (8b, 8b-chat, hybrid, 27b, 27b-eager, 27b-fp8, x2, modes, group, fp8, fp8-checkpoint, 8b-fp8, fp8-tau, packed-forward, tiny)" >&2; exit 2 ;;
   esac
 done
 say "done"
-grep -E "^RESULT|^RATIO|^MEMORY|launch ->|^HYBRID|^FP8|target FP8:|dump-stacks rc" "$log"
+grep -E "^RESULT|^RATIO|^MEMORY|launch ->|^HYBRID|^FP8|^TAU|target FP8:|dump-stacks rc" "$log"

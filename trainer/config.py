@@ -176,6 +176,11 @@ class EvalConfig:
     # nodes per verify step (trainer/evaluation/tree.py), its τ reported beside the chain's.
     # 0 = off. A hybrid (Gated DeltaNet) target reports it as not measured.
     tree_nodes: int = 0
+    # The eval's CUDA stream beside training on the same GPU: "high" (its small decode
+    # kernels start as SMs free up, ahead of training's queued ones: a quick eval that takes
+    # its GPU time from training) or "low" (it runs in what training leaves: a slower eval
+    # that costs training less). bench/README.md measures both.
+    stream_priority: str = "high"
 
 
 @dataclass
@@ -204,6 +209,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
     "eval.cuda_graphs": ("auto", "on", "off"),
+    "eval.stream_priority": ("high", "low"),
 }
 # Device lists accept bare GPU indices (targets = [0, 1, 2]) as TOML ints.
 _DEVICE_KEYS = ("runtime.targets", "runtime.drafters")

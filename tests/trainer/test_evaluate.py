@@ -70,6 +70,19 @@ def test_eval_decodes_a_held_out_split_and_export_quotes_it(tmp_path):
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "eval.tree_nodes = 5000: must be 0 (off) or a node budget" in refused.stderr
 
+    # An override for one eval (as FP8 against bf16 is compared) gets its own record.
+    e = trainer("eval", str(run), "--prompts", "3", "--new-tokens", "20", "--tree-nodes", "0",
+                "--set", "target.dtype=float32")  # fmt: skip
+    assert e.returncode == 0, e.stderr
+    assert e.stdout.rstrip().endswith("[with target.dtype=float32]"), e.stdout
+    own = json.loads((run / "eval" / "step-00000010.set-target.dtype=float32.json").read_text())
+    assert own["overrides"] == ["target.dtype=float32"] and own["tokens"] == 60
+    assert "tree" not in own
+    assert json.loads((run / "eval" / "step-00000010.json").read_text())["tree"] == tree
+    refused = trainer("eval", str(run), "--set", "target.dtype=fp9")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "target.dtype" in refused.stderr, refused.stderr
+
     out = tmp_path / "drafter"
     assert trainer("export", str(run), "--out", str(out)).returncode == 0
     assert f"**{record['tau']:.2f}** of 16 on held-out samples" in (out / "README.md").read_text()

@@ -222,9 +222,13 @@ def test_compiled_hybrid_target_gives_the_eager_features(tiny_hybrid_target_dir)
     assert [p is not None for p in f.hybrid_parts] == f.linear  # their parts instead
     got = f(ids).float()
     packed = f(ids, pos.cuda(), f.packed_docs(pos, dev)).float()
-    for have, want in ((got, eager), (packed, eager_packed)):
-        assert float((have - want).norm() / want.norm()) < 2e-2
-    assert float((packed - got).norm() / got.norm()) > 0.05  # the documents matter
+    errors = [float((h - w).norm() / w.norm()) for h, w in ((got, eager), (packed, eager_packed))]
+    assert max(errors) < 2e-2, errors
+    # The documents matter: the second one's features, packed, are not the unpacked row's
+    # (its first 100 tokens are the same either way), by more than compiling moves them.
+    second = slice(100, 256)
+    apart = float((packed[:, second] - got[:, second]).norm() / got[:, second].norm())
+    assert apart > 2 * max(errors), (apart, errors)
 
 
 @cuda

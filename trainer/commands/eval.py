@@ -26,6 +26,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="DDTree's τ beside the chain's at this node budget (default: the run's "
         "eval.tree_nodes; 0 = none)",
     )  # fmt: skip
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for this eval only, e.g. target.dtype=fp8 (repeatable); "
+        "the record is written beside the run's own, named after the overrides",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -37,7 +42,7 @@ def main(argv: list[str]) -> int:
     try:
         result = evaluate(
             args.run_dir, args.step, args.prompts, args.new_tokens, args.prompt_len, args.device,
-            args.tree_nodes,
+            args.tree_nodes, args.overrides,
         )  # fmt: skip
     except ExportError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)

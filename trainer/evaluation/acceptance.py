@@ -19,6 +19,7 @@ the record's `tree` holds its τ beside the chain's.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,13 @@ from trainer.targets.answers import Decoding, load_decoding, prompt_of
 EVAL_DIR = "eval"
 
 
-def eval_path(run_dir: Path, step: int) -> Path:
-    return run_dir / EVAL_DIR / f"step-{step:08d}.json"
+def eval_path(run_dir: Path, step: int, overrides: list[str] | None = None) -> Path:
+    """The run's own record of a step; an eval with `--set` overrides gets its own file,
+    named after them, so it never replaces the run's record."""
+    if not overrides:
+        return run_dir / EVAL_DIR / f"step-{step:08d}.json"
+    tag = re.sub(r"[^A-Za-z0-9._=-]+", "_", ",".join(overrides))[:120]
+    return run_dir / EVAL_DIR / f"step-{step:08d}.set-{tag}.json"
 
 
 def load_for_decoding(cfg: Config, device: str, what: str) -> Decoding:
@@ -59,6 +65,7 @@ def evaluate(
     prompt_len: int = 512,
     device: str = "cpu",
     tree_nodes: int | None = None,  # None: the run's eval.tree_nodes; 0: no tree
+    overrides: list[str] | None = None,  # `--set KEY=VALUE`, this eval only
 ) -> dict[str, Any]:
     from trainer.config import ConfigError, apply_overrides, config_from_dict
 
@@ -66,6 +73,7 @@ def evaluate(
     saved = run_config(run_dir)
     try:
         cfg = config_from_dict(saved, str(run_dir / "config.json"))
+        cfg = apply_overrides(cfg, list(overrides or []))
         if tree_nodes is not None:  # checked by the config's own rule
             cfg = apply_overrides(cfg, [f"eval.tree_nodes={tree_nodes}"])
     except ConfigError as e:
@@ -95,8 +103,9 @@ def evaluate(
         )
     run_id = saved.get("run", {}).get("run_id", run_dir.name)
     seconds = round(time.monotonic() - t0, 2)
+    extra = {"overrides": list(overrides)} if overrides else {}
     return write_eval(run_dir, run_id, chosen, held_out > 0, len(chosen_prompts), new_tokens,
-                      str(dec.device), summary, seconds)  # fmt: skip
+                      str(dec.device), summary, seconds, **extra)  # fmt: skip
 
 
 def write_eval(
@@ -118,7 +127,7 @@ def write_eval(
         "new_tokens": new_tokens, "device": device, **summary, "seconds": seconds,
         "at": time.time(), **extra,
     }  # fmt: skip
-    out = eval_path(run_dir, step)
+    out = eval_path(run_dir, step, extra.get("overrides"))
     out.parent.mkdir(exist_ok=True)
     atomic_write_json(out, record)
     return record
@@ -131,4 +140,5 @@ def describe(r: dict[str, Any]) -> str:
         f"step {r['step']}: {where} τ {r['tau']:.2f} of {r['block_size']} over {r['prompts']} "
         f"prompts × {r['new_tokens']} tokens; accepted by position {shares} …; "
         f"{r['tok_s']} tok/s on {r['device']} ({r['seconds']:.1f}s){describe_tree(r.get('tree'))}"
+        + (f" [with {', '.join(r['overrides'])}]" if r.get("overrides") else "")
     )

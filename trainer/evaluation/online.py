@@ -79,6 +79,7 @@ class OnlineEval:
         self.final = cfg.eval.final
         self.cuda_graphs = cfg.eval.cuda_graphs
         self.tree_nodes = cfg.eval.tree_nodes
+        self.stream_priority = -1 if cfg.eval.stream_priority == "high" else 0
         self.device: torch.device = setup.target_devices[0]
         self.dtype = resolve_dtype(cfg.target.dtype, self.device)
         prompts = (prompt_of(s, cfg.eval.prompt_len) for s in setup.held_out)
@@ -182,10 +183,15 @@ class OnlineEval:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         self.state.register_thread(ROLE, str(self.device))
         self.state.thread_state("building the verifying target")
-        # The highest priority: its small kernels (a 16-token verify, a drafter block) start
+        # "high" (the default): its small kernels (a 16-token verify, a drafter block) start
         # as SMs free up rather than queueing behind training's; at the default priority,
-        # beside the 8B config's training, one eval had not finished after 150 s on the H200.
-        stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        # before the decode was batched and graphed, one eval beside the 8B config's training
+        # had not finished after 150 s on the H200. "low": the default stream priority.
+        stream = (
+            torch.cuda.Stream(self.device, priority=self.stream_priority)
+            if self.device.type == "cuda"
+            else None
+        )
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             try:
                 loaded = self.setup.targets[self.device]
