@@ -8,6 +8,10 @@ batch with its step replayed as a CUDA graph (trainer/evaluation/decoding.py, wh
                                                 # launched from Python (the SMs and the GIL
                                                 # shared, as beside training)
     .venv/bin/python bench/eval_bench.py --small    # CPU smoke test: tiny shapes, no graphs
+    python3 bench/eval_bench.py --profile       # then each batched mode once under
+                                                # torch.profiler: the GPU's kernel time by
+                                                # kernel, against the wall (what an eval
+                                                # takes from training on a shared GPU)
 
 The target is built in memory with random weights (bench/make_bench_target.py's shape, all 36
 layers: the eval verifies with the whole target), the drafter too (5 layers, DFlash's spread of
@@ -123,6 +127,29 @@ def report(
     return row
 
 
+def profile_run(decode: HeldOutDecode, device: torch.device, name: str) -> dict[str, Any]:
+    """One more run under torch.profiler: the kernels' summed time against the wall, and the
+    kernels that take most of it (a CUDA graph's replays are traced kernel by kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        _, wall = timed(decode.run, device)
+    by_kernel: dict[str, float] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            key = e.name[:90]
+            by_kernel[key] = by_kernel.get(key, 0.0) + e.device_time_total / 1e3
+    total = sum(by_kernel.values())
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+    print(f"  PROFILE {name}: wall {wall * 1e3:.0f} ms, kernels {total:.0f} ms "
+          f"({len(by_kernel)} kinds)", flush=True)
+    for k, ms in top:
+        print(f"  PROFILE   {ms:8.1f} ms  {k}", flush=True)
+    return {"wall_ms": round(wall * 1e3, 1), "kernel_ms": round(total, 1),
+            "top": [[k, round(ms, 2)] for k, ms in top]}  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
@@ -130,6 +157,8 @@ def main() -> int:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, help="the rows as JSON")
+    p.add_argument("--profile", action="store_true", help="kernel time of one run of each mode")
+    p.add_argument("--no-loop", action="store_true", help="skip the one-prompt-at-a-time loop")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
     t0 = time.monotonic()
@@ -151,9 +180,13 @@ def main() -> int:
         layer_ids = list(drafter.arch.target_layer_ids)
         propose = drafter_proposer(drafter)
         one_at_a_time(model, layer_ids, propose, prompts[:1], 4, bs)  # warm
-        ref, t = timed(lambda: one_at_a_time(model, layer_ids, propose, prompts, new, bs), device)
-        steps = len(ref.total().accepted)
-        results.append(report("one prompt at a time (before)", [t], None, ref, None, steps))
+        ref: Decoded | None = None
+        if not args.no_loop:
+            ref, t = timed(
+                lambda: one_at_a_time(model, layer_ids, propose, prompts, new, bs), device
+            )
+            steps = len(ref.total().accepted)
+            results.append(report("one prompt at a time (before)", [t], None, ref, None, steps))
         modes = [("batched, eager", "off")]
         if device.type == "cuda":
             modes.append(("batched, CUDA graph", "on"))
@@ -170,6 +203,8 @@ def main() -> int:
             row["graphs"] = {"captured": g.captured, "replays": g.replays, "failed": g.failed,
                              "failures": [f.reason for f in g.failures]}  # fmt: skip
             row["first_same_as_last"] = first.tokens == last.tokens
+            if args.profile:
+                row["profile"] = profile_run(decode, device, name)
             results.append(row)
     stop.set()
     if device.type == "cuda":
