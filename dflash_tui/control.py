@@ -51,12 +51,15 @@ from trainer.contract.protocol import (
 )
 from trainer.contract.protocol import Progress as ProgressEvent
 from trainer.contract.records import ExitRecord
+from trainer.contract.textfile import TextFileError, read_text_file
 from trainer.contract.typed import Invalid, decode
 
 TRAINER_DIR = Path(trainer.__file__).resolve().parent
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 Progress = Callable[[ProgressEvent], None]
 A = TypeVar("A")
+# What a restart reads back of the shipped config (agent/commands.py reads 1 MiB of it).
+MAX_LAUNCH_CONFIG_BYTES = 1 << 20
 
 
 class Requester(Protocol):
@@ -202,15 +205,17 @@ async def push_artifacts(link: Requester, src: Path) -> list[str]:
 def read_config(path: Path) -> tuple[str, str]:
     """(TOML text, run name), checked here so a typo fails before anything is shipped."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ControlError(f"--config {path}: no such file") from None
-    except OSError as e:
-        raise ControlError(f"--config {path}: {e.strerror}") from None
+        text = read_text_file(path, f"--config {path}", MAX_LAUNCH_CONFIG_BYTES)
+    except TextFileError as e:
+        raise ControlError(str(e)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ControlError(f"--config {path}: {e}") from None
+        raise ControlError(f"--config {path}: not TOML ({e})") from None
+    except (ValueError, RecursionError) as e:  # an integer over 4300 digits, deep nesting
+        raise ControlError(
+            f"--config {path}: not TOML ({str(e)[:200] or 'nested too deep'})"
+        ) from None
     name = data.get("name")
     return text, name if isinstance(name, str) else path.stem
 

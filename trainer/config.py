@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.contract.textfile import TextFileError, read_text_file
+
 
 class ConfigError(ValueError):
     """A bad config file, key or value; the message is one line and names it."""
@@ -544,17 +546,9 @@ def check_mask_token(cfg: Config, mask_id: int, vocab_size: int) -> None:
 def _read_toml(path: Path) -> dict[str, Any]:
     name = show_path(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"config: file {name}: not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config: file {name}: is a directory") from None
-    except OSError as e:
-        raise ConfigError(f"config: file {name}: cannot read it ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config: file {name}: not UTF-8 text (byte {e.start})") from None
+        text = read_text_file(path, f"config: file {name}")
+    except TextFileError as e:
+        raise ConfigError(str(e)) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
