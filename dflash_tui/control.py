@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trainer
+from dflash_tui.agent.deploy import name_clash
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
 from trainer.contract.checkpoints import ResumePoint
@@ -104,7 +105,14 @@ def build_bundle() -> tuple[bytes, str, int]:
             count += 1
         except ImportError:
             pass
-    return buf.getvalue(), code_hash(TRAINER_DIR), count
+    blob = buf.getvalue()
+    # The agent refuses an archive whose names clash (agent/deploy.py); say so here first,
+    # naming the local file, rather than after shipping it.
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        clash = name_clash(tar.getmembers())
+    if clash is not None:
+        raise ControlError(f"deploy: {TRAINER_DIR}: names clash in what would ship: {clash}")
+    return blob, code_hash(TRAINER_DIR), count
 
 
 async def deploy(

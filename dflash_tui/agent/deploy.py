@@ -29,10 +29,40 @@ from trainer.contract.typed import encode
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def name_clash(members: list[tarfile.TarInfo]) -> str | None:
+    """Why the archive's names cannot all be made, None when they can: a file and a folder of
+    one name (in either order, or a file where another member needs a folder), or one file
+    twice (which of the two would be the code that was hashed?)."""
+    kinds: dict[str, str] = {}  # normalised name -> "file" | "folder"
+    for member in members:
+        name = os.path.normpath(member.name)
+        is_dir = member.isdir()
+        if name in (".", "") and not is_dir:
+            return f"{member.name!r} is a file where the release folder is"
+        parts = name.split(os.sep)
+        for i in range(1, len(parts)):
+            parent = os.sep.join(parts[:i])
+            if kinds.get(parent) == "file":
+                return f"{parent!r} is a file and a folder (for {member.name!r})"
+            kinds[parent] = "folder"
+        seen = kinds.get(name)
+        if seen == "file" and not is_dir:
+            return f"{name!r} is a file twice"
+        if seen is not None and seen != ("folder" if is_dir else "file"):
+            return f"{name!r} is a file and a folder"
+        kinds[name] = "folder" if is_dir else "file"
+    return None
+
+
 def safe_extract(tar: tarfile.TarFile, dest: str) -> None:
-    """Extract regular files and folders only, never outside `dest`."""
+    """Extract regular files and folders only, never outside `dest`, and only when every
+    name can be made (`name_clash`), so a release is never half unpacked."""
     root = os.path.realpath(dest)
-    for member in tar.getmembers():
+    members = tar.getmembers()
+    clash = name_clash(members)
+    if clash is not None:
+        raise CommandError(f"deploy: names clash in the archive: {clash}", bad_input=True)
+    for member in members:
         target = os.path.realpath(os.path.join(dest, member.name))
         if not (target == root or target.startswith(root + os.sep)):
             raise CommandError(f"deploy: unsafe path in archive: {member.name!r}")
@@ -68,6 +98,8 @@ def deploy(remote_dir: str, cmd: Deploy) -> Deployed:
                 safe_extract(tar, tmp)
         except tarfile.TarError as e:
             raise CommandError(f"deploy: not a readable tar archive ({e})") from None
+        except OSError as e:  # a name too long for this filesystem, the disk full
+            raise CommandError(f"deploy: cannot unpack the archive ({e})") from None
         shipped = os.path.join(tmp, "trainer")
         if not os.path.isdir(shipped):
             raise CommandError("deploy: no trainer/ in the archive")
