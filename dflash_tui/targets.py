@@ -61,6 +61,8 @@ class Target:
     identity: str | None = None
     known_hosts: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # False only by --insecure-no-host-key-check, never by a file (link/hostkeys.py)
+    check_host_key: bool = True
 
     @property
     def effective_run_root(self) -> str:
@@ -282,6 +284,7 @@ def resolve_target(
     identity: str | None = None,
     known_hosts: str | None = None,
     config_path: Path | None = None,
+    check_host_key: bool = True,
 ) -> Target:
     """The target a command line names, with the user's named target underneath it."""
     named = load_user_targets(config_path)
@@ -315,6 +318,7 @@ def resolve_target(
         python=pick(python, "python"),
         identity=pick(identity, "identity"),
         known_hosts=pick(known_hosts, "known_hosts"),
+        check_host_key=check_host_key,
         extra={k: v for k, v in saved.items() if k in ("theme", "baseline_tok_s")},
     )
     for key in ("remote_dir", "run_root", "python"):

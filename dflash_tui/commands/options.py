@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "python": None,
     "identity": None,
     "known_hosts": None,
+    "insecure_no_host_key_check": False,
     "connect_timeout": None,
     "headless": False,
     "once": False,
@@ -92,6 +93,12 @@ def add_where(
             help="known_hosts file (checking is always on; ssh config's "
             "StrictHostKeyChecking accept-new is honoured, 'no' is refused)",
         )
+        g.add_argument(
+            "--insecure-no-host-key-check",
+            action="store_true",
+            help="connect without checking the host's key at all: any server answering at "
+            "that address is trusted (only for a throwaway host you mean to trust blindly)",
+        )
     if remote and one_shot:
         g.add_argument(
             "--connect-timeout",
@@ -151,8 +158,9 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
         python=args.python,
         identity=args.identity,
         known_hosts=args.known_hosts,
+        check_host_key=not args.insecure_no_host_key_check,
     )
-    if target.kind == "ssh":
+    if target.kind == "ssh" and target.check_host_key:
         host_key_policy(target)
     return target
 
