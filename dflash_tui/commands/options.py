@@ -141,7 +141,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def target_from(args: argparse.Namespace, text: str | None) -> Target:
     """The target, its ssh config checked up front: a config that would turn host-key
     checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
-    from dflash_tui.link.hostkeys import host_key_policy
+    from dflash_tui.link.hostkeys import host_key_policy, known_hosts
     from dflash_tui.targets import group_names
 
     if text and text in group_names():
@@ -161,8 +161,17 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
         check_host_key=not args.insecure_no_host_key_check,
     )
     if target.kind == "ssh" and target.check_host_key:
-        host_key_policy(target)
+        try:  # the known_hosts files read now: one that is not text is bad input, exit 2
+            known_hosts(host_key_policy(target))
+        except ValueError as e:  # TextFileError, or a line asyncssh cannot read
+            raise TargetError(str(e) if isinstance(e, TargetError) else one_line(e)) from None
     return target
+
+
+def one_line(e: Exception) -> str:
+    """An exception's message as one line (asyncssh's may span several)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def group_named(text: str | None) -> Group | None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_tui.targets import Target, TargetError
-from trainer.contract.textfile import not_regular, read_text_file
+from trainer.contract.textfile import TextFileError, not_regular, read_text_file
 
 if TYPE_CHECKING:
     import asyncssh
@@ -168,7 +168,12 @@ def known_hosts(policy: HostKeyPolicy) -> asyncssh.SSHKnownHosts:
     texts = []
     for f in policy.files:
         if os.path.lexists(f):
-            texts.append(read_text_file(f, f"known_hosts file {f}", MAX_KNOWN_HOSTS_BYTES))
+            text = read_text_file(f, f"known_hosts file {f}", MAX_KNOWN_HOSTS_BYTES)
+            try:
+                asyncssh.import_known_hosts(text)  # each file alone, so a bad line names it
+            except ValueError as e:
+                raise TextFileError(f"known_hosts file {f}: {str(e)[:200]}") from None
+            texts.append(text)
     return asyncssh.import_known_hosts("\n".join(texts))
 
 
