@@ -103,7 +103,12 @@ def deploy(remote_dir: str, cmd: Deploy) -> Deployed:
         shipped = os.path.join(tmp, "trainer")
         if not os.path.isdir(shipped):
             raise CommandError("deploy: no trainer/ in the archive")
-        got = code_hash(shipped)
+        try:
+            got = code_hash(shipped)
+        except OSError as e:  # a folder where a .py file belongs, an unreadable file
+            raise CommandError(
+                f"deploy: cannot hash the shipped code ({e})", bad_input=True
+            ) from None
         if got != want:
             raise CommandError(f"deploy: shipped code hashes to {got}, expected {want}")
         if os.path.isdir(final):
