@@ -117,7 +117,8 @@ def host_key_policy(target: Target, paths: list[Path] | None = None) -> HostKeyP
     if strict and strict[0] in _OFF:
         raise HostKeyConfigError(
             f"{where['StrictHostKeyChecking']}: StrictHostKeyChecking {strict[0]} is refused: "
-            "dflash-tui always checks host keys (use accept-new to trust a new host once)"
+            "dflash-tui always checks host keys (use accept-new to trust a new host once; "
+            f"{OPT_OUT} connects without checking)"
         )
     user_files = values.get("UserKnownHostsFile")
     if target.known_hosts:
@@ -128,7 +129,8 @@ def host_key_policy(target: Target, paths: list[Path] | None = None) -> HostKeyP
             raise HostKeyConfigError(
                 f"{where['UserKnownHostsFile']}: UserKnownHostsFile "
                 f"{(bad or ['none'])[0]} is refused: dflash-tui always checks host keys "
-                "(name a known_hosts file, or remove the line)"
+                f"(name a known_hosts file, or remove the line; {OPT_OUT} connects without "
+                "checking)"
             )
         glob = [f for f in values.get("GlobalKnownHostsFile", []) if f.lower() != "none"]
         files = user_files + glob

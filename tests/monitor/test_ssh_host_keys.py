@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,6 +69,7 @@ def test_a_config_that_turns_host_key_checking_off_is_refused(sshd, tmp_path, op
     line = one_line(r.stderr)
     assert line.startswith(f"dflash-tui: {config} line 7: {expected}"), line
     assert "always checks host keys" in line
+    assert "--insecure-no-host-key-check connects without checking" in line
     assert r.stdout == ""
     # Refused before any connection: the server never saw this client.
     assert "Accepted publickey" not in sshd.log_path.read_text()
@@ -191,3 +194,89 @@ def test_a_revoked_key_for_host_port_is_never_trusted(
     assert "not accepted" in line and "revoked" in line, line
     assert "--insecure-no-host-key-check" in line
     assert known.read_text() == text  # nothing learned
+
+
+# -- every known_hosts state, generated (issue 33) ----------------------------------------------
+KNOWN_STATES = [
+    "missing", "empty", "right", "wrong", "revoked-port", "revoked-host", "right+revoked-port",
+    "not-utf8", "bad-line", "huge", "folder", "fifo", "/dev/null", "/dev/zero", "link-to-fifo",
+]  # fmt: skip
+
+
+def put_known_hosts(state: str, path: Path, sshd) -> None:
+    key_type, key_b64 = sshd.host_key_pub.split()[:2]
+    right = f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n"
+    texts = {
+        "empty": "",
+        "right": right,
+        "wrong": sshd.wrong_known_hosts.read_text(),
+        "revoked-port": _revoked_line(sshd, f"[127.0.0.1]:{sshd.port}"),
+        "revoked-host": _revoked_line(sshd, "127.0.0.1"),
+        "right+revoked-port": right.replace(f"[127.0.0.1]:{sshd.port}", "127.0.0.1")
+        + _revoked_line(sshd, f"[127.0.0.1]:{sshd.port}"),
+        "bad-line": "garbage\n",
+    }
+    if state in texts:
+        path.write_text(texts[state])
+    elif state == "not-utf8":
+        path.write_bytes(b"\xff" + right.encode())
+    elif state == "huge":
+        with open(path, "wb") as f:
+            f.truncate(17 << 20)  # past the 16 MiB cap
+    elif state == "folder":
+        path.mkdir()
+    elif state == "fifo":
+        os.mkfifo(path)
+    elif state.startswith("/dev/"):
+        path.symlink_to(state)
+    elif state == "link-to-fifo":
+        os.mkfifo(path.with_name("real-fifo"))
+        path.symlink_to("real-fifo")
+
+
+def expected(state: str, accept_new: bool) -> tuple[int, str]:
+    """(exit code, what the one line says) for a known_hosts file in `state`."""
+    if state in ("folder", "fifo", "/dev/null", "/dev/zero", "link-to-fifo"):
+        return 2, "host-key-check"  # cannot keep host keys (or /dev/null: always checks)
+    if state in ("not-utf8", "bad-line", "huge"):
+        return 2, {"not-utf8": "not UTF-8", "bad-line": "Invalid known hosts", "huge": "larger"}[
+            state
+        ]
+    if "revoked" in state:
+        return 3, "revoked"
+    if state == "right" or (state in ("missing", "empty") and accept_new):
+        return 0, ""
+    return 3, "not accepted"
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    state=st.sampled_from(KNOWN_STATES),
+    accept_new=st.booleans(),
+    named_by=st.sampled_from(["--known-hosts", "UserKnownHostsFile"]),
+)
+def test_every_known_hosts_state_connects_or_is_refused_in_one_line(
+    sshd, tmp_path, state, accept_new, named_by
+):
+    n = len(list(tmp_path.iterdir()))
+    case = tmp_path / f"case{n}"
+    case.mkdir()
+    known = case / "known_hosts"
+    put_known_hosts(state, known, sshd)
+    strict = f"StrictHostKeyChecking {'accept-new' if accept_new else 'yes'}"
+    lines = [strict] + ([f"UserKnownHostsFile {known}"] if named_by != "--known-hosts" else [])
+    home, _ = home_with_config(case, sshd, *lines)
+    extra = ["--known-hosts", str(known)] if named_by == "--known-hosts" else []
+    r = cli(home, case, *extra)
+    code, needle = expected(state, accept_new)
+    assert r.returncode == code, (state, accept_new, named_by, r.stderr)
+    assert "Traceback" not in r.stderr
+    if code:
+        line = one_line(r.stderr)
+        assert needle.lower() in line.lower() or (
+            needle == "host-key-check" and "always checks host keys" in line
+        ), line
+        if needle == "host-key-check":  # the way out, for those who mean it, is named
+            assert "--insecure-no-host-key-check" in line, line
+    if state in ("missing", "empty") and accept_new:
+        assert known.read_text().count("\n") == 1  # the key learned, kept
