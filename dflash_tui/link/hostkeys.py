@@ -15,9 +15,9 @@ known hosts itself:
 
 The known_hosts files are the target's `--known-hosts`, else the config's
 `UserKnownHostsFile` (and `GlobalKnownHostsFile`), else ~/.ssh/known_hosts; a missing one
-is skipped, as OpenSSH skips it. One that is there but cannot keep a key (/dev/null,
-/dev/zero, a FIFO, a folder) is refused: under accept-new every connection would trust
-whatever key it met, and a changed key would never be noticed.
+is skipped, as OpenSSH skips it. The first, where keys are kept, is refused when it is
+there but cannot keep a key (/dev/null, /dev/zero, a FIFO, a folder): under accept-new every
+connection would trust whatever key it met, and a changed key would never be noticed.
 
 A `@revoked` key is never trusted, whichever entry names it: asyncssh, finding no trusted
 key for `[host]:port`, looks the host up again without the port and forgets the revoked
@@ -137,15 +137,17 @@ def host_key_policy(target: Target, paths: list[Path] | None = None) -> HostKeyP
     else:
         files = [DEFAULT_KNOWN_HOSTS]
     expanded = tuple(os.path.expanduser(f) for f in files)
-    named_by = "--known-hosts" if target.known_hosts else "known_hosts file"
-    for f in expanded:
-        kind = not_regular(f)
-        if kind is not None:
-            raise HostKeyConfigError(
-                f"{named_by} {f}: {kind}, it cannot keep host keys: refused (a key would "
-                f"be trusted every time, changed or not); name a known_hosts file, or pass "
-                f"{OPT_OUT} to connect without checking"
-            )
+    # The first file is where keys are kept; the others are only read (a global
+    # `GlobalKnownHostsFile /dev/null` is the usual way to say "none"), and one that is no
+    # regular file is skipped there, never opened.
+    kind = not_regular(expanded[0])
+    if kind is not None:
+        named_by = "--known-hosts" if target.known_hosts else "known_hosts file"
+        raise HostKeyConfigError(
+            f"{named_by} {expanded[0]}: {kind}, it cannot keep host keys: refused (a key "
+            f"would be trusted every time, changed or not); name a known_hosts file, or pass "
+            f"{OPT_OUT} to connect without checking"
+        )
     accept_new = bool(strict) and strict[0] == "accept-new"
     return HostKeyPolicy(
         files=expanded,
@@ -169,7 +171,7 @@ def known_hosts(policy: HostKeyPolicy) -> asyncssh.SSHKnownHosts:
 
     texts = []
     for f in policy.files:
-        if os.path.lexists(f):
+        if os.path.exists(f) and not_regular(f) is None:  # the first one checked: policy
             text = read_text_file(f, f"known_hosts file {f}", MAX_KNOWN_HOSTS_BYTES)
             try:
                 asyncssh.import_known_hosts(text)  # each file alone, so a bad line names it

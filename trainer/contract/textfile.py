@@ -13,25 +13,26 @@ import os
 import stat
 from pathlib import Path
 
-MAX_TEXT_BYTES = 4 << 20  # a config or known_hosts file; a larger one is a mistake
+MAX_USER_FILE_BYTES = 4 << 20  # a config or known_hosts file; a larger one is a mistake
 
 
 class TextFileError(ValueError):
     """A file that is not readable text; the message is one line naming it."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this `st_mode` is, in words ("a FIFO", "a folder")."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
     if stat.S_ISDIR(mode):
-        return "a directory"
+        return "a folder"
     if stat.S_ISFIFO(mode):
         return "a FIFO"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
     if stat.S_ISSOCK(mode):
         return "a socket"
-    return "not a regular file"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "a device"
 
 
 def not_regular(path: str | Path) -> str | None:
@@ -43,10 +44,10 @@ def not_regular(path: str | Path) -> str | None:
         return None
     except OSError as e:
         return e.strerror or str(e)
-    return None if stat.S_ISREG(mode) else _kind(mode)
+    return None if stat.S_ISREG(mode) else file_kind(mode)
 
 
-def read_text_file(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> str:
+def read_text_file(path: str | Path, what: str, limit: int = MAX_USER_FILE_BYTES) -> str:
     """The file's text. `what` names it in the message ("--config c.toml"); the reasons:
     not found, not a regular file (checked before opening, so a FIFO never blocks), too
     large, unreadable, not UTF-8 (at byte N)."""
@@ -57,7 +58,7 @@ def read_text_file(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> 
     except OSError as e:
         raise TextFileError(f"{what}: cannot read it ({e.strerror or e})") from None
     if not stat.S_ISREG(mode):
-        raise TextFileError(f"{what}: {_kind(mode)}, not a regular file: refused")
+        raise TextFileError(f"{what}: {file_kind(mode)}, not a regular file: refused")
     try:
         # O_NONBLOCK: should the path be swapped for a FIFO after the stat, the open does not
         # wait for a writer; the fstat below then refuses it.
@@ -68,7 +69,7 @@ def read_text_file(path: str | Path, what: str, limit: int = MAX_TEXT_BYTES) -> 
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                raise TextFileError(f"{what}: {_kind(mode)}, not a regular file: refused")
+                raise TextFileError(f"{what}: {file_kind(mode)}, not a regular file: refused")
             raw = f.read(limit + 1)
         except OSError as e:
             raise TextFileError(f"{what}: cannot read it ({e.strerror or e})") from None
