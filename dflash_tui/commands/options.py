@@ -143,6 +143,7 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
     from dflash_tui.link.hostkeys import host_key_policy, known_hosts
     from dflash_tui.targets import group_names
+    from trainer.contract.textfile import TextFileError
 
     if text and text in group_names():
         raise TargetError(
@@ -163,15 +164,9 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
     if target.kind == "ssh" and target.check_host_key:
         try:  # the known_hosts files read now: one that is not text is bad input, exit 2
             known_hosts(host_key_policy(target))
-        except ValueError as e:  # TextFileError, or a line asyncssh cannot read
-            raise TargetError(str(e) if isinstance(e, TargetError) else one_line(e)) from None
+        except TextFileError as e:  # not text, too large, or a line asyncssh cannot read
+            raise TargetError(str(e)) from None
     return target
-
-
-def one_line(e: Exception) -> str:
-    """An exception's message as one line (asyncssh's may span several)."""
-    text = " ".join(str(e).split())
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def group_named(text: str | None) -> Group | None:

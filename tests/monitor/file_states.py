@@ -120,3 +120,8 @@ def regular_text(state: tuple) -> bool:
             return False
         return True
     return False
+
+
+def absent(state: tuple) -> bool:
+    """Nothing there: no file, or a symlink to none (read as no file, as OpenSSH does)."""
+    return state == ("missing",) or (state[0] == "symlink" and absent(state[1]))

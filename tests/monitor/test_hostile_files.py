@@ -1,8 +1,8 @@
 """Hostile files in the slots a user names (issue 33): the trainer's `--config`, `dflash-tui
-launch --config` and the monitor's own config.toml. Whatever stands there (bytes, TOML of
-any types, a folder, a FIFO, a device, a file past the cap, a symlink to any of these) is
-read or refused in one line naming the file or key; never a traceback, never a hang, never
-an unbounded read.
+launch --config`, the monitor's own config.toml and `--known-hosts`. Whatever stands there
+(bytes, TOML of any types, a folder, a FIFO, a device, a file past the cap, a symlink to any
+of these) is read or refused in one line naming the file or key; never a traceback, never a
+hang, never an unbounded read.
 
 Each slot is a class: generated in-process against the real readers (fast, every example
 under an alarm so a blocking read fails instead of hanging), and a handful through the real
@@ -20,13 +20,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from file_states import FILE_STATES, make, regular_text
+from file_states import FILE_STATES, absent, make, regular_text
 from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from dflash_tui.control import ControlError, read_config
 from dflash_tui.diagnosis.config import config_for
-from dflash_tui.targets import TargetError, load_groups, resolve_target
+from dflash_tui.link.hostkeys import host_key_policy, known_hosts
+from dflash_tui.targets import Target, TargetError, load_groups, resolve_target
 from trainer.config import ConfigError, load_config
+from trainer.contract.textfile import TextFileError
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -184,3 +187,20 @@ def test_a_target_with_an_unbalanced_bracket_is_one_line(tmp_path: Path, text: s
     r = run(["-m", "dflash_tui", "status", text], {"HOME": str(tmp_path)})
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.splitlines()) == 1 and f"target {text!r}" in r.stderr, r.stderr
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@given(state=FILE_STATES | st.tuples(st.just("toml"), st.text(max_size=300)))
+def test_known_hosts_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """`--known-hosts FILE` as the CLI reads it before connecting (options.target_from):
+    the policy, then the files."""
+    path = fresh(tmp_path, "known_hosts")
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", port=2222, known_hosts=str(path))
+    try:
+        with within(10):
+            known_hosts(host_key_policy(target, paths=[]))
+    except (TargetError, TextFileError) as e:
+        assert one_line(str(e)) and str(path) in str(e), e
+    else:
+        assert regular_text(state) or absent(state), state
