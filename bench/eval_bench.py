@@ -148,8 +148,11 @@ def profile_run(decode: HeldOutDecode, device: torch.device, name: str) -> dict[
         print("\n".join(f"  OPS {line}" for line in table.splitlines()), flush=True)
     total = sum(by_kernel.values())
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
-    print(f"  PROFILE {name}: wall {wall * 1e3:.0f} ms, kernels {total:.0f} ms "
-          f"({len(by_kernel)} kinds)", flush=True)
+    print(
+        f"  PROFILE {name}: wall {wall * 1e3:.0f} ms, kernels {total:.0f} ms "
+        f"({len(by_kernel)} kinds)",
+        flush=True,
+    )
     for k, ms in top:
         print(f"  PROFILE   {ms:8.1f} ms  {k}", flush=True)
     return {"wall_ms": round(wall * 1e3, 1), "kernel_ms": round(total, 1),
