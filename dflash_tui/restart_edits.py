@@ -117,3 +117,17 @@ async def which_run(link: control.Requester, store: Store) -> str:
     if not runs:
         raise ControlError("no runs to restart")
     return runs[-1].run_id
+
+
+def problems(overrides: list[str], config_toml: str | None) -> list[str]:
+    """What the trainer would refuse in `overrides` launched with `config_toml` (None: the
+    run's config is not known here; each is checked as one line of KEY=VALUE only), a line
+    each: the restart dialog says them and relaunches nothing."""
+    bad = set_errors(overrides)
+    if bad or config_toml is None:
+        return bad
+    try:
+        control.check_overrides(overrides, config_toml)
+    except ControlError as e:
+        return str(e).split("\n")
+    return []

@@ -1,6 +1,7 @@
-"""`restart --set KEY=VALUE --drop KEY` (issue 32): a run that died before its first step of a
-bad override is relaunched without it, or with it fixed. Real CPU trainers launched through
-the real agent (the local target), the command line run as an operator runs it.
+"""`restart --set KEY=VALUE --drop KEY` and the restart dialog's drop box (issue 32): a run
+that died before its first step of a bad override is relaunched without it, or with it fixed.
+Real CPU trainers launched through the real agent (the local target), the command line run
+as an operator runs it, the app under Pilot.
 
 A bad edit (a --drop of a key the run was not launched with, a --set the trainer refuses)
 is one line per bad key, exit 2, and nothing is stopped or launched.
@@ -8,16 +9,20 @@ is one line per bad key, exit 2, and nothing is stopped or launched.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
-from monitor_helpers import cli
+from monitor_helpers import TINY, cli, wait_for
 from test_control_local import deploy
 from test_resume import launch, metrics, record, until
+from textual.widgets import Input
 
+from dflash_tui.app import DFlashApp
 from dflash_tui.control import ControlError
 from dflash_tui.link.link import LinkError
 from dflash_tui.restart_edits import edit
+from dflash_tui.widgets.restart_dialog import RestartDialog
 
 SHORT = ("train.log_every=1", "train.warmup_steps=2", "train.max_steps=3")
 BAD = "train.lr=-1"
@@ -135,3 +140,57 @@ def test_an_edit_replaces_a_key_in_its_place_and_adds_a_new_one_at_the_end():
         'config: --set "nokey": expected section.key=value',
         'config: --set "=1": expected section.key=value',
     ]
+
+
+@pytest.mark.serial  # a trainer run
+def test_the_dialog_drops_the_override_a_run_died_of(remote_factory, local_target, runs_dir):
+    """`r` on the run that died: its overrides, the bad one marked; an edit the trainer
+    would refuse is said in the dialog and relaunches nothing; its drop box, then `fresh`:
+    the new run trains without it."""
+    r = remote_factory(local_target)
+    deploy(r)
+    died = died_of_a_bad_lr(r, runs_dir)
+    kept = record(runs_dir / died)["overrides"][:-1]
+
+    async def go() -> str:
+        app = DFlashApp(local_target, theme_name="dark")
+        async with app.run_test(size=(120, 40)) as pilot:
+            s = app.store
+            await wait_for(pilot, lambda: s.run_id == died and s.outcome(), "the died run")
+            await pilot.press("r")
+            dialog = await wait_for(
+                pilot, lambda: isinstance(app.screen, RestartDialog) and app.screen, "the dialog"
+            )
+            bad = dialog.query_one("#override-4", Input)
+            assert bad.value == BAD and bad.has_class("offending") and app.focused is bad
+            assert dialog.offer.config_toml == TINY.read_text()
+
+            # An added line the trainer refuses, the bad one kept: both said, nothing sent.
+            dialog.query_one("#override-add", Input).value = "train.log_every=0"
+            word = dialog.query_one("#fresh-word", Input)
+            word.focus()
+            await pilot.press(*"fresh", "enter")
+            await pilot.pause(0.2)
+            assert str(dialog.query_one("#edit-error").render()).split("\n") == [
+                "config: train.lr = -1: must be a positive number",
+                "config: train.log_every = 0: must be a positive integer",
+            ]
+            assert app.screen is dialog and app.controls.busy == "restart"
+            assert run_ids(runs_dir) == [died]
+
+            # The added line emptied, the bad one dropped (Tab to its box, space): relaunched.
+            dialog.query_one("#override-add", Input).value = ""
+            bad.focus()
+            await pilot.press("tab", "space")
+            await wait_for(pilot, lambda: bad.disabled, "the line dropped")
+            word.focus()
+            await pilot.press(*"fresh", "enter")
+            await wait_for(pilot, lambda: app.controls.busy is None, "the relaunch")
+            said = [n.message for n in app._notifications if n.message.startswith("restarted")]
+            assert said and said[-1].endswith("fresh from step 0 (as asked)"), said
+            await pilot.press("q")
+            return str(said[-1].split()[2].rstrip(","))
+
+    new = asyncio.run(go())
+    assert record(runs_dir / new)["overrides"] == kept
+    trains_three_steps(runs_dir, new)
