@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from monitor_helpers import TINY, cli, wait_for
 from test_control_local import deploy
+from test_group_config import group_cli, write
 from test_resume import launch, metrics, record, until
 from textual.widgets import Input
 
@@ -194,3 +195,15 @@ def test_the_dialog_drops_the_override_a_run_died_of(remote_factory, local_targe
     new = asyncio.run(go())
     assert record(runs_dir / new)["overrides"] == kept
     trains_three_steps(runs_dir, new)
+
+
+def test_a_groups_job_is_not_edited(tmp_path):
+    """A job over several hosts restarts as launched: refused before anything connects (its
+    hosts here are unreachable)."""
+    home = write(tmp_path, '[groups.pair]\nhosts = ["gpu-a", "gpu-b"]\nmaster = "h:1"\n')
+    for args in (["--drop", "train.lr"], ["--set", "train.lr=1e-4"]):
+        r = group_cli(home, "restart", "pair", *args)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines() == [
+            "dflash-tui: pair: --set/--drop edit one host's run, not a group's job"
+        ]
