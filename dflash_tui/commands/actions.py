@@ -99,14 +99,7 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="with --more-steps: a new warmup and cosine over the N steps instead",
         )
-        p.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="the new run's override of KEY: replaces the launch's, else added (repeatable)",
-        )
+        add_overrides(p, "the new run's override of KEY: replaces the launch's, else added")
         p.add_argument(
             "--drop",
             dest="drops",
@@ -153,15 +146,15 @@ def check_restart(args: argparse.Namespace) -> None:
         raise ControlError("\n".join(bad))
 
 
-def add_overrides(p: argparse.ArgumentParser) -> None:
-    """--set KEY=VALUE: launch's and the demo's."""
+def add_overrides(p: argparse.ArgumentParser, what: str = "config override") -> None:
+    """--set KEY=VALUE: launch's, the demo's and restart's."""
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="config override (repeatable)",
+        help=f"{what} (repeatable)",
     )
 
 
