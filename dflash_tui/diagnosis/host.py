@@ -201,6 +201,44 @@ def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
 
 
 @rule(
+    Code("checkpoint_failed", ("critical",), "a checkpoint could not be written"),
+    reads="the heartbeat's `checkpoints.failed` (the newest save that failed, until one "
+    "succeeds: its step and the trainer's one line) and `last_checkpoint`",
+    decides="A run lives and its newest save failed: no part of it is on disk, the previous "
+    "checkpoint stays the resume point and training goes on, so a stop now loses every step "
+    "since that one.",
+    action="free disk under the run root (or set train.keep_checkpoints) before the next "
+    "save; the line says why it failed",
+)
+def checkpoint_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The trainer's newest checkpoint failed (disk full, any OSError): the run goes on,
+    unprotected since its last good save."""
+    hb = s.heartbeat
+    plan = hb.checkpoints if hb is not None else None
+    if hb is None or s.ended() or plan is None or plan.failed is None:
+        return []
+    failed, last = plan.failed, hb.last_checkpoint
+    since = (
+        f"the resume point stays {last.path} (step {last.step}): {hb.step - last.step} steps "
+        "would be lost"
+        if last is not None
+        else f"no checkpoint of this run yet: {hb.step} steps would be lost"
+    )
+    return [
+        Finding(
+            "critical",
+            "checkpoint_failed",
+            f"checkpoint at step {failed.step} failed: {failed.message}",
+            f"checkpoint at step {failed.step}: {failed.message}; {since}",
+            "free disk under the run root (old runs' checkpoints) or set "
+            "train.keep_checkpoints; the next save retries"
+            if failed.message.startswith("disk full")
+            else "read train.log's `checkpoint failed` line; the next save retries",
+        )
+    ]
+
+
+@rule(
     Code("gil_pressure", ("warning",), "threads wake late: Python holds the GIL"),
     reads="the store's recent heartbeats' GIL probe (p50/p99 wake-up lateness, samples), the "
     "threads' CPU, the host sample",

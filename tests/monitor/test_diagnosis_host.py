@@ -256,8 +256,8 @@ def test_disk_short_before_the_first_checkpoint_reads_the_trainers_forecast() ->
 
 def test_disk_short_counts_only_the_checkpoints_kept_at_once() -> None:
     """Edit: 98 checkpoints of 10 MB to come (every 20 steps after step 53), 100 MB free.
-    Keeping every one needs 980 MB: a warning. With train.keep_checkpoints = 2 at most 4 are on disk at once
-    (2, the best τ's, the one written before the pruning): 40 MB fit."""
+    Keeping every one needs 980 MB: a warning. With train.keep_checkpoints = 2 at most 4 are
+    on disk at once (2, the best τ's, the one written before the pruning): 40 MB fit."""
     assert hb(events(HOST))["step"] == 53
     tight = host(disk={"free": 100 * MIB})
     f = only(run(HOST, forecast(10 * MIB), tight), "disk_short")
@@ -277,3 +277,40 @@ def test_a_forecast_that_cannot_be_a_runs_makes_the_heartbeat_unreadable() -> No
     assert isinstance(got, Unreadable) and "forecast -1 bytes" in got.why
     data["checkpoints"]["forecast_bytes"] = 5
     assert not isinstance(parse_heartbeat(data), Unreadable)
+
+
+# -- checkpoint_failed ------------------------------------------------------------------------
+def failed_save(message: str, step: int = 40) -> Any:
+    """Edit: the heartbeat says the save at `step` failed, as the trainer writes it."""
+
+    def edit(evs: Events) -> None:
+        hb(evs)["checkpoints"] = {
+            "forecast_bytes": 5 * MIB, "every": 20, "keep": 0,
+            "failed": {"step": step, "message": message, "at": NOW - 5},
+        }  # fmt: skip
+        hb(evs)["last_checkpoint"] = {"step": 20, "path": "checkpoints/step-00000020.pt", "at": 0}
+
+    return edit
+
+
+def test_checkpoint_failed_says_why_and_what_a_stop_would_lose() -> None:
+    """Edit: the step-40 save failed with the disk full; the step-20 one is the resume point
+    and the run is at step 53. The control, as recorded (no failure), is quiet."""
+    assert "checkpoint_failed" not in codes(run(HOST))
+    why = "disk full (needed 5.24 MB, free 1.20 MB)"
+    f = only(run(HOST, failed_save(why)), "checkpoint_failed")
+    assert (f.severity, f.title) == ("critical", f"checkpoint at step 40 failed: {why}")
+    assert f.evidence == (
+        f"checkpoint at step 40: {why}; the resume point stays checkpoints/step-00000020.pt "
+        "(step 20): 33 steps would be lost"
+    )
+    assert f.action.startswith("free disk under the run root")
+    other = only(run(HOST, failed_save("File too large (EFBIG)")), "checkpoint_failed")
+    assert other.action.startswith("read train.log's `checkpoint failed` line")
+
+
+def test_checkpoint_failed_is_quiet_once_the_run_ended() -> None:
+    def finished(evs: Events) -> None:
+        hb(evs)["phase"] = "stopped"
+
+    assert "checkpoint_failed" not in codes(run(HOST, failed_save("disk full"), finished))
