@@ -92,11 +92,13 @@ class CheckpointFailed(OSError):
 
 
 def _free_bytes(folder: Path) -> int | None:
+    """Free bytes for an unprivileged writer; None when the file system does not say (a
+    FUSE mount reporting no blocks at all): then nothing is refused before the write."""
     try:
         st = os.statvfs(folder)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize if st.f_blocks > 0 else None
 
 
 def _why_failed(error: BaseException, needed: int, free: int | None) -> str:
