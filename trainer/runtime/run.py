@@ -237,7 +237,11 @@ class Run:
             f"checkpoint {rel}: {size(m.bytes)} in {m.seconds:.1f}s (training waited "
             f"{saved.snapshot_s:.1f}s)" + (f"; NOT GOOD: {bad}, a restart skips it" if bad else "")
         )
-        removed = prune(self.run_dir, self.cfg.train.keep_checkpoints)
+        try:
+            removed = prune(self.run_dir, self.cfg.train.keep_checkpoints)
+        except OSError as e:  # a file that will not go: the run and its checkpoints go on
+            self.log.line(f"checkpoints: pruning failed: {e.strerror or e} ({e.filename})")
+            return
         if removed:
             self.log.line(
                 f"checkpoints: removed {', '.join(removed)} (train.keep_checkpoints = "
