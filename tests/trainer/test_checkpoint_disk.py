@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, TrainerProcess
 
 from dflash_tui.agent.runs import RunRoot
+from tests.conftest import TINY_CONFIG, TrainerProcess
 from trainer.model.checkpoint import (
     CheckpointFailed,
     TrainPosition,
