@@ -16,12 +16,14 @@ from pathlib import Path
 
 from trainer.contract.checkpoints import (
     CHECKPOINTS,
+    CheckpointMeta,
     choose_resume,
     meta_name,
     parse_meta,
     pt_name,
     step_of,
 )
+from trainer.contract.typed import Unreadable
 from trainer.evaluation.acceptance import eval_path
 
 
@@ -44,7 +46,7 @@ def to_keep(run_dir: Path, steps: list[int], keep: int) -> set[int]:
     taus = {s: t for s in steps if (t := held_out_tau(run_dir, s)) is not None}
     if taus:
         kept.add(max(taus, key=lambda s: (taus[s], s)))
-    sidecars = {}
+    sidecars: dict[int, CheckpointMeta | Unreadable | None] = {}
     for s in steps:
         side = folder / meta_name(s)
         try:
