@@ -193,6 +193,28 @@ def test_retention_keeps_the_newest_the_best_tau_and_the_resume_point(tmp_path) 
     assert kept == [f"step-0000000{s}.{x}" for s in (2, 4, 6) for x in ("json", "pt")]
 
 
+def test_retention_keeps_a_checkpoint_whose_eval_may_still_run(tmp_path) -> None:
+    """eval.every = 2: the newest record is step 2's; steps 4 and 6 are eval steps with no
+    record yet (an eval can outlast a checkpoint period), so keep = 1 keeps them; steps 1, 3
+    and 5 go. Once step 6's record is written, step 4's eval was passed over: it goes."""
+    for step in range(1, 8):
+        save_checkpoint(tmp_path, TrainPosition(step, step, step), {"w": torch.ones(1)},
+                        {"state": {}}, {}, {})  # fmt: skip
+    (tmp_path / "eval").mkdir()
+    write = lambda step, tau: (tmp_path / "eval" / f"step-{step:08d}.json").write_text(  # noqa: E731
+        json.dumps({"step": step, "tau": tau, "held_out": True})
+    )
+    write(2, 3.0)
+    assert prune(tmp_path, 1, eval_every=2) == [
+        "step-00000001.pt", "step-00000003.pt", "step-00000005.pt",
+    ]  # fmt: skip
+    write(6, 3.5)  # the new best: step 2 goes too
+    assert prune(tmp_path, 1, eval_every=2) == ["step-00000002.pt", "step-00000004.pt"]
+    assert [n for n in checkpoint_files(tmp_path) if n.endswith(".pt")] == [
+        "step-00000006.pt", "step-00000007.pt",
+    ]  # fmt: skip
+
+
 def test_keep_checkpoints_prunes_after_each_save_in_a_real_run(start_trainer) -> None:
     p = start_trainer(
         "--max-steps", "8", "--set", "train.checkpoint_every=2", "--set",

@@ -238,7 +238,7 @@ class Run:
             f"{saved.snapshot_s:.1f}s)" + (f"; NOT GOOD: {bad}, a restart skips it" if bad else "")
         )
         try:
-            removed = prune(self.run_dir, self.cfg.train.keep_checkpoints)
+            removed = prune(self.run_dir, self.cfg.train.keep_checkpoints, self.cfg.eval.every)
         except OSError as e:  # a file that will not go: the run and its checkpoints go on
             self.log.line(f"checkpoints: pruning failed: {e.strerror or e} ({e.filename})")
             return
