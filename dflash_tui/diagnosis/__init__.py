@@ -38,6 +38,7 @@ from dflash_tui.diagnosis.gpus import (
 )
 from dflash_tui.diagnosis.heldout import eval_failed, eval_plateau, eval_skipped, overfitting
 from dflash_tui.diagnosis.host import (
+    checkpoint_failed,
     disk_short,
     gil_pressure,
     host_memory_short,
@@ -127,6 +128,7 @@ RULES: list[Rule] = [
     host_oversubscribed,
     host_memory_short,
     disk_short,
+    checkpoint_failed,
     gil_pressure,
     slow_kernels,
     environment_changed,
@@ -201,6 +203,7 @@ __all__ = [
     "RuleDoc",
     "allocator_retries",
     "below_earlier_runs",
+    "checkpoint_failed",
     "code_mismatch",
     "config_for",
     "crashed",
