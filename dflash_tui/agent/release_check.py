@@ -75,7 +75,7 @@ def check_release(python: str, release: str, env: dict[str, str], timeout_s: flo
     ours = done.stdout[-2048:].decode("utf-8", "replace").strip().splitlines()
     if done.returncode == 1 and ours:  # the check's own line: the module and its error
         return ours[-1][:KEEP_CHARS]
-    said = (done.stdout + done.stderr)[-8192:].decode("utf-8", "replace")
+    said = (done.stdout + done.stderr)[-65536:].decode("utf-8", "replace")
     lines = [ln[:KEEP_CHARS] for ln in said.splitlines() if ln.strip()][-KEEP_LINES:]
     how = f"exit {done.returncode}" if done.returncode >= 0 else f"signal {-done.returncode}"
     took = time.monotonic() - started
