@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from monitor_helpers import ROOT, piped_env
 from test_control_local import deploy
+from test_group_config import group_cli, write
 from test_resume import LONG, ckpt, launch, metrics, reach, record, until
 
 from dflash_tui.agent.release_check import KEEP_CHARS, KEEP_LINES, check_release, release_env
@@ -176,3 +177,12 @@ def test_the_check_names_a_module_a_run_imports_late_and_cuts_what_it_says(tmp_p
     assert len(cut) == KEEP_LINES and all(len(c) == KEEP_CHARS for c in cut)
     healthy = edited_tree(tmp_path / "healthy", lambda t: None)
     assert check_release(python, str(healthy), release_env(str(healthy)), 120) is None
+
+
+def test_redeploying_a_group_is_one_line_exit_2_before_anything_connects(tmp_path):
+    home = write(tmp_path, '[groups.pair]\nhosts = ["gpu-a", "gpu-b"]\nmaster = "h:1"\n')
+    r = group_cli(home, "restart", "pair", "--deploy")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "dflash-tui: restart --deploy: one host at a time, not the group pair"
+    ]
