@@ -261,8 +261,8 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
             if args.overrides or args.drops:  # refused here, before anything is stopped
                 from dflash_tui.restart_edits import edited_for
 
-                e = await edited_for(link, store, run_id, args.overrides, args.drops)
-                run_id, overrides = e.run_id, e.overrides
+                edit = await edited_for(link, store, run_id, args.overrides, args.drops)
+                run_id, overrides = edit.run_id, edit.overrides
                 oneshot.out(f"{run_id}: the new run's overrides: {' '.join(overrides) or 'none'}")
             release = await ship_release(link) if args.deploy else None
             r = await control.restart(

@@ -35,7 +35,7 @@ def runs_dir(local_target) -> Path:
     return Path(local_target.remote_dir) / "runs"
 
 
-def edited_tree(tmp_path: Path, edit: Callable[[Path], None]) -> Path:
+def edited_tree(tmp_path: Path, edit: Callable[[Path], object]) -> Path:
     """This repository's two packages copied, `edit` applied to the copy's trainer/."""
     tree = tmp_path / "tree"
     for pkg in ("dflash_tui", "trainer"):
