@@ -36,7 +36,8 @@ SUMMARIES = {
     "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
     "restart": "kill, wait for memory to drain, launch the same config again, continuing "
     "from the run's newest good checkpoint (--fresh: from step 0; --more-steps N: a finished "
-    "run N steps further; --set/--drop: edit the launch's overrides)",
+    "run N steps further; --set/--drop: edit the launch's overrides; --deploy: on this "
+    "tree's code, checked to import first)",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
@@ -109,6 +110,7 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             help="launch the new run without the launch's override of KEY (repeatable): a run "
             "that died before its first step of a bad --set",
         )
+        add_redeploy(p)
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
     if name == "deploy":
@@ -117,6 +119,17 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="do not ship the compile-cache artifacts pulled with pull-cache",
         )
+
+
+def add_redeploy(p: argparse.ArgumentParser) -> None:
+    """restart --deploy: ship this tree first, and restart on it only once it imports."""
+    p.add_argument(
+        "--deploy",
+        action="store_true",
+        help="first ship this tree's trainer as a new release (not yet current), have the "
+        "host import it, and only then stop the run with a checkpoint and resume it on the "
+        "new release; a release that does not import is refused, the run left running",
+    )
 
 
 def more_steps(text: str) -> int:
@@ -163,6 +176,9 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 2
     if name in GROUP_COMMANDS:
         group = group_named(args.target)
+        if group is not None and getattr(args, "deploy", False):
+            oneshot.err(f"restart --deploy: one host at a time, not the group {group.name}")
+            return 2
         if group is not None:
             from dflash_tui.commands import groups
 
@@ -245,9 +261,10 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
             if args.overrides or args.drops:  # refused here, before anything is stopped
                 from dflash_tui.restart_edits import edited_for
 
-                e = await edited_for(link, store, run_id, args.overrides, args.drops)
-                run_id, overrides = e.run_id, e.overrides
+                edit = await edited_for(link, store, run_id, args.overrides, args.drops)
+                run_id, overrides = edit.run_id, edit.overrides
                 oneshot.out(f"{run_id}: the new run's overrides: {' '.join(overrides) or 'none'}")
+            release = await ship_release(link) if args.deploy else None
             r = await control.restart(
                 link,
                 run_id,
@@ -258,6 +275,7 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
                 overrides=overrides,
                 more_steps=args.more_steps,
                 new_schedule=args.new_schedule,
+                release=release,
             )
             if r.killed is not None:
                 oneshot.out(f"{r.killed.run_id} {r.killed.describe()}")
@@ -283,6 +301,15 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
         return 0
 
     return job
+
+
+async def ship_release(link: Link) -> str:
+    """restart --deploy's first step: this tree as a release beside `current` -> its sha256."""
+    from dflash_tui import control
+
+    d = await control.deploy(link, oneshot.progress, ship_artifacts=False, make_current=False)
+    oneshot.out(f"shipped {d['files']} files as release {d['sha256'][:16]} (not current yet)")
+    return str(d["sha256"])
 
 
 def subcommand(name: str) -> Subcommand:
