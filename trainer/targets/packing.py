@@ -184,7 +184,7 @@ def gated_rmsnorm(x: Tensor, gate: Tensor, norm: Any) -> Tensor:
     computes it (HF's own class rounds to bf16 between the weight and the gate: a rounding
     apart). Plain ops because, with fla installed, transformers makes `m.norm` fla's
     Triton-kernel module, which is not for dynamo to trace."""
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    eps = float(getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", None) or 1e-6)
     x32 = x.float()
     y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * norm.weight.float()
     if getattr(norm, "bias", None) is not None:
