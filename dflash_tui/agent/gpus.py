@@ -8,7 +8,8 @@ import shutil
 import subprocess
 from typing import Any
 
-from trainer.contract.protocol import GpuDevice, GpuProcess
+from dflash_tui.agent.procs import command_of, user_of
+from trainer.contract.protocol import MAX_GPU_COMMAND, GpuDevice, GpuProcess
 
 MIB = 1 << 20
 
@@ -20,6 +21,15 @@ def _text(value: Any) -> str:
 def _is_local(pid: int) -> bool:
     # Inside a container NVML may report host pids, which do not exist here.
     return os.path.exists(f"/proc/{pid}")
+
+
+def gpu_process(pid: int, mem_used: int) -> GpuProcess:
+    """A process on a GPU with who runs it and what, where its pid is one of ours."""
+    if not _is_local(pid):
+        return GpuProcess(pid=pid, mem_used=mem_used, local=False)
+    return GpuProcess(
+        pid=pid, mem_used=mem_used, user=user_of(pid), command=command_of(pid, MAX_GPU_COMMAND)
+    )
 
 
 class Gpus:
@@ -63,15 +73,22 @@ class Gpus:
         n = self.nvml
         out = []
         for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            mem = n.nvmlDeviceGetMemoryInfo(h)
-            dev = GpuDevice(
-                index=i,
-                uuid=_text(n.nvmlDeviceGetUUID(h)),
-                name=_text(n.nvmlDeviceGetName(h)),
-                mem_used=int(mem.used),
-                mem_total=int(mem.total),
-            )
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                mem = n.nvmlDeviceGetMemoryInfo(h)
+                dev = GpuDevice(
+                    index=i,
+                    uuid=_text(n.nvmlDeviceGetUUID(h)),
+                    name=_text(n.nvmlDeviceGetName(h)),
+                    mem_used=int(mem.used),
+                    mem_total=int(mem.total),
+                )
+            except n.NVMLError as e:
+                # One wedged board ("GPU is lost") must not cost the others their sample.
+                out.append(GpuDevice(index=i, error=str(e) or type(e).__name__))
+                continue
+            with contextlib.suppress(Exception):
+                dev.pci_bus_id = _text(n.nvmlDeviceGetPciInfo(h).busId)
             # Each reading may be unsupported on a given board: a missing one stays None.
             with contextlib.suppress(Exception):
                 dev.util = int(n.nvmlDeviceGetUtilizationRates(h).gpu)
@@ -82,12 +99,7 @@ class Gpus:
             self._health(h, dev)
             with contextlib.suppress(Exception):
                 for p in n.nvmlDeviceGetComputeRunningProcesses(h):
-                    pid = int(p.pid)
-                    dev.processes.append(
-                        GpuProcess(
-                            pid=pid, mem_used=int(p.usedGpuMemory or 0), local=_is_local(pid)
-                        )
-                    )
+                    dev.processes.append(gpu_process(int(p.pid), int(p.usedGpuMemory or 0)))
             out.append(dev)
         return out
 
@@ -163,8 +175,5 @@ class Gpus:
         for row in run(self.SMI_APPS):
             owner = by_uuid.get(row[2])
             if owner is not None and row[0].isdigit():
-                pid = int(row[0])
-                owner.processes.append(
-                    GpuProcess(pid=pid, mem_used=int(float(row[1]) * MIB), local=_is_local(pid))
-                )
+                owner.processes.append(gpu_process(int(row[0]), int(float(row[1]) * MIB)))
         return devs
