@@ -93,5 +93,5 @@ def gpu_reset(gpus: Gpus, alive_run: str | None, index: int, timeout_s: float) -
     if r.returncode != 0:
         raise CommandError(f"nvidia-smi --gpu-reset -i {index} (exit {r.returncode}): {said}")
     ok, check = _check(gpus, index)
-    before = f"before: {dev.error}" if dev is not None and dev.error else unseen
+    before = dev.error if dev is not None and dev.error else unseen
     return {"index": index, "said": said, "ok": ok, "check": check, "before": before}

@@ -49,7 +49,10 @@ def parse(lines: list[tuple[float, str]], now: float, uptime: float) -> list[Xid
             continue
         out.append(
             XidLine(
-                t=t, code=int(m[2]) % (1 << 16), pci=m[1][:32], text=text[m.start() :][:MAX_GPU_COMMAND]
+                t=t,
+                code=int(m[2]) % (1 << 16),
+                pci=m[1][:32],
+                text=text[m.start() :][:MAX_GPU_COMMAND],
             )
         )
     return out[-MAX_XIDS:]

@@ -26,8 +26,8 @@ from dflash_tui.agent.commands import HANDLERS
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import FileFollower, HeartbeatWatch, Inotify
 from dflash_tui.agent.gpus import Gpus
-from dflash_tui.agent.kernel_log import XidWatch
 from dflash_tui.agent.host import HostProbe
+from dflash_tui.agent.kernel_log import XidWatch
 from dflash_tui.agent.output import Out
 from dflash_tui.agent.proc_table import ProcTable
 from dflash_tui.agent.rank_watch import RankWatch
