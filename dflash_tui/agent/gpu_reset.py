@@ -18,7 +18,7 @@ from dflash_tui.agent.gpus import Gpus
 from trainer.contract.protocol import GpuDevice
 
 MAX_SAID = 300
-GB = 1e9
+GIB = 1 << 30  # said "GB", as the monitor's findings say it (diagnosis.common.gb)
 
 
 def _one_line(text: str) -> str:
@@ -43,9 +43,8 @@ def _device(gpus: Gpus, index: int) -> tuple[GpuDevice | None, str]:
 
 def _holders(dev: GpuDevice) -> str:
     return ", ".join(
-        f"pid {p.pid}"
-        + (f" ({p.user}: {p.command[:60]})" if p.command else " (not in this container)")
-        + f" {p.mem_used / GB:.1f} GB"
+        f"pid {p.pid} {p.mem_used / GIB:.1f} GB"
+        + (f" ({p.user}: {p.command[:80]})" if p.command else " (not in this container)")
         for p in dev.processes
     )
 
@@ -60,8 +59,8 @@ def _check(gpus: Gpus, index: int) -> tuple[bool, str]:
     held = f"held by {_holders(dev)}" if dev.processes else "no processes"
     ecc = f", {dev.ecc_uncorrected} uncorrected ECC errors" if dev.ecc_uncorrected else ""
     return True, (
-        f"GPU {index} answers {gpus.backend}: {dev.name}, {dev.mem_used / GB:.1f} of "
-        f"{dev.mem_total / GB:.1f} GB used, {held}{ecc}"
+        f"GPU {index} answers {gpus.backend}: {dev.name}, {dev.mem_used / GIB:.1f} of "
+        f"{dev.mem_total / GIB:.1f} GB used, {held}{ecc}"
     )
 
 

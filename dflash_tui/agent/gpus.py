@@ -43,6 +43,9 @@ class Gpus:
         self.backend = "none"
         self.reason = ""
         self.nvml: Any = None
+        # Each GPU's PCI address as last read: a GPU NVML has lost keeps the address its
+        # kernel log's Xid lines name it by.
+        self.pci: dict[int, str] = {}
         try:
             import pynvml
 
@@ -85,10 +88,11 @@ class Gpus:
                 )
             except n.NVMLError as e:
                 # One wedged board ("GPU is lost") must not cost the others their sample.
-                out.append(GpuDevice(index=i, error=str(e) or type(e).__name__))
+                error = str(e) or type(e).__name__
+                out.append(GpuDevice(index=i, error=error, pci_bus_id=self.pci.get(i, "")))
                 continue
             with contextlib.suppress(Exception):
-                dev.pci_bus_id = _text(n.nvmlDeviceGetPciInfo(h).busId)
+                dev.pci_bus_id = self.pci[i] = _text(n.nvmlDeviceGetPciInfo(h).busId)
             # Each reading may be unsupported on a given board: a missing one stays None.
             with contextlib.suppress(Exception):
                 dev.util = int(n.nvmlDeviceGetUtilizationRates(h).gpu)

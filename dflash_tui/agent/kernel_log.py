@@ -18,6 +18,7 @@ import time
 
 from trainer.contract.protocol import MAX_GPU_COMMAND, MAX_XIDS, XID_KEEP_S, XidLine
 
+KMSG = "/dev/kmsg"
 PERIOD_S = 30.0
 DMESG_TIMEOUT_S = 3.0
 MAX_LOG_BYTES = 8 << 20  # the ring buffer is a few MB at most
@@ -85,9 +86,9 @@ def _dmesg() -> tuple[list[tuple[float, str]] | None, str]:
 def _kmsg() -> tuple[list[tuple[float, str]] | None, str]:
     """Every record /dev/kmsg holds now, read without blocking (each read is one record)."""
     try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
-        return None, f"/dev/kmsg: {e.strerror or e}"
+        return None, f"{KMSG}: {e.strerror or e}"
     out = []
     try:
         for _ in range(MAX_KMSG_RECORDS):
@@ -98,7 +99,7 @@ def _kmsg() -> tuple[list[tuple[float, str]] | None, str]:
             except BrokenPipeError:
                 continue  # overwritten while we read: the next record follows
             except OSError as e:
-                return None, f"/dev/kmsg: {e.strerror or e}"
+                return None, f"{KMSG}: {e.strerror or e}"
             if not record:
                 break
             head, _, text = record.decode("utf-8", "replace").partition(";")
