@@ -59,7 +59,7 @@ def parse(lines: list[tuple[float, str]], now: float, uptime: float) -> list[Xid
     return out[-MAX_XIDS:]
 
 
-def _dmesg() -> tuple[list[tuple[float, str]] | None, str]:
+def read_dmesg() -> tuple[list[tuple[float, str]] | None, str]:
     try:
         r = subprocess.run(
             ["dmesg"],
@@ -83,7 +83,7 @@ def _dmesg() -> tuple[list[tuple[float, str]] | None, str]:
     return out, ""
 
 
-def _kmsg() -> tuple[list[tuple[float, str]] | None, str]:
+def read_kmsg() -> tuple[list[tuple[float, str]] | None, str]:
     """Every record /dev/kmsg holds now, read without blocking (each read is one record)."""
     try:
         fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
@@ -124,9 +124,9 @@ class XidWatch:
         if now < self._next:
             return
         self._next = now + PERIOD_S
-        lines, why = _dmesg()
+        lines, why = read_dmesg()
         if lines is None:
-            lines, why_kmsg = _kmsg()
+            lines, why_kmsg = read_kmsg()
             why = f"{why}; {why_kmsg}" if lines is None else ""
         uptime = _uptime()
         if lines is None or uptime is None:

@@ -133,7 +133,7 @@ def test_the_real_kernel_log_is_read_with_kernel_times_where_it_is_readable() ->
     """/dev/kmsg as this machine has it (records `prio,seq,usec,-;text`), when readable."""
     if not os.access("/dev/kmsg", os.R_OK):
         pytest.skip("/dev/kmsg is not readable here")
-    lines, why = kernel_log._kmsg()
+    lines, why = kernel_log.read_kmsg()
     assert why == "" and lines, why
     uptime = float(Path("/proc/uptime").read_text().split()[0])
     assert all(0 <= t <= uptime + 1 for t, _ in lines)
