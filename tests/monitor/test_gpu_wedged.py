@@ -8,6 +8,7 @@ GPU is ever reset: the stand-in is the only nvidia-smi on the sessions' PATH."""
 from __future__ import annotations
 
 import getpass
+import io
 import json
 import os
 import subprocess
@@ -20,11 +21,13 @@ from typing import Any
 import pytest
 from infra.fixtures import FakeGpu
 from monitor_helpers import Remote, cli
+from rich.console import Console
 
 from dflash_tui import gpu_procs
 from dflash_tui.agent import kernel_log
 from dflash_tui.diagnosis import DiagnosisConfig, diagnose
 from dflash_tui.targets import Target
+from dflash_tui.widgets.gpus import GpuPane, compact_line
 
 GIB = 1 << 30
 XID_79 = "NVRM: Xid (PCI:0000:19:00): 79, pid=4242, name=python, GPU has fallen off the bus."
@@ -65,6 +68,19 @@ def wedged(r: Remote, cfg: DiagnosisConfig | None = None) -> list[Any]:
     return [f for f in found if f.code == "gpu_wedged"]
 
 
+def render(pane: GpuPane) -> str:
+    console = Console(width=158, record=True, file=io.StringIO(), color_system=None)
+    console.print(pane.content)
+    return console.export_text()
+
+
+def pane_rows(r: Remote) -> list[str]:
+    """The GPU pane's device rows, drawn from the store the real agent fed."""
+    pane = GpuPane()
+    pane.update_from(r.store)
+    return [ln for ln in render(pane).splitlines() if ln[:1].isdigit()]
+
+
 # -- detection ---------------------------------------------------------------------------
 def test_a_lost_gpu_is_critical_and_the_others_keep_their_samples(
     remote_factory: Callable[..., Remote], local_target: Target, gpu_env: FakeGpu
@@ -80,6 +96,9 @@ def test_a_lost_gpu_is_critical_and_the_others_keep_their_samples(
     assert f.evidence.startswith("GPU 1: NVML: GPU is lost")
     assert "dflash-tui gpu-reset local 1" in f.action and "reboot the host" in f.action
     assert "GPU 1  NVML: GPU is lost" in gpu_procs.lines(r.store)
+    rows = pane_rows(r)
+    assert "NVML: GPU is lost" in rows[1] and "/140G" in rows[0], rows
+    assert "GPU 1 GPU is lost" in compact_line(r.store).plain  # below 30 rows
     assert r.store.to_json()["gpus"][1]["error"] == "GPU is lost"
 
 
