@@ -6,9 +6,10 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from typing import Any
 
-from dflash_tui.agent.procs import command_of, user_of
+from dflash_tui.agent.procs import command_of, proc_start, user_of
 from trainer.contract.protocol import MAX_GPU_COMMAND, GpuDevice, GpuProcess
 
 MIB = 1 << 20
@@ -23,13 +24,33 @@ def _is_local(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def gpu_process(pid: int, mem_used: int) -> GpuProcess:
-    """A process on a GPU with who runs it and what, where its pid is one of ours."""
-    if not _is_local(pid):
-        return GpuProcess(pid=pid, mem_used=mem_used, local=False)
-    return GpuProcess(
-        pid=pid, mem_used=mem_used, user=user_of(pid), command=command_of(pid, MAX_GPU_COMMAND)
-    )
+class Owners:
+    """Who runs a GPU process and what, read from /proc once per process: kept by pid and
+    start time (a reused pid is another process), forgotten once NVML no longer lists it."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int | None, str, str]] = {}
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()  # the sampler's thread and a command's (kill, gpu_reset)
+
+    def process(self, pid: int, mem_used: int) -> GpuProcess:
+        if not _is_local(pid):
+            return GpuProcess(pid=pid, mem_used=mem_used, local=False)
+        start = proc_start(pid)
+        with self.lock:
+            self.seen.add(pid)
+            known = self.known.get(pid)
+        if known is None or known[0] != start:
+            known = (start, user_of(pid), command_of(pid, MAX_GPU_COMMAND))
+            with self.lock:
+                self.known[pid] = known
+        return GpuProcess(pid=pid, mem_used=mem_used, user=known[1], command=known[2])
+
+    def sweep(self) -> None:
+        """After a sample: forget the pids it did not list."""
+        with self.lock:
+            self.known = {pid: v for pid, v in self.known.items() if pid in self.seen}
+            self.seen = set()
 
 
 class Gpus:
@@ -46,6 +67,7 @@ class Gpus:
         # Each GPU's PCI address as last read: a GPU NVML has lost keeps the address its
         # kernel log's Xid lines name it by.
         self.pci: dict[int, str] = {}
+        self.owners = Owners()
         try:
             import pynvml
 
@@ -67,10 +89,13 @@ class Gpus:
 
     def sample(self) -> list[GpuDevice]:
         if self.backend == "nvml":
-            return self._nvml()
-        if self.backend == "nvidia-smi":
-            return self._smi()
-        return []
+            devices = self._nvml()
+        elif self.backend == "nvidia-smi":
+            devices = self._smi()
+        else:
+            return []
+        self.owners.sweep()
+        return devices
 
     def _nvml(self) -> list[GpuDevice]:
         n = self.nvml
@@ -103,7 +128,7 @@ class Gpus:
             self._health(h, dev)
             with contextlib.suppress(Exception):
                 for p in n.nvmlDeviceGetComputeRunningProcesses(h):
-                    dev.processes.append(gpu_process(int(p.pid), int(p.usedGpuMemory or 0)))
+                    dev.processes.append(self.owners.process(int(p.pid), int(p.usedGpuMemory or 0)))
             out.append(dev)
         return out
 
@@ -179,5 +204,5 @@ class Gpus:
         for row in run(self.SMI_APPS):
             owner = by_uuid.get(row[2])
             if owner is not None and row[0].isdigit():
-                owner.processes.append(gpu_process(int(row[0]), int(float(row[1]) * MIB)))
+                owner.processes.append(self.owners.process(int(row[0]), int(float(row[1]) * MIB)))
         return devs
