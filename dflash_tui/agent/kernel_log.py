@@ -59,7 +59,10 @@ def parse(lines: list[tuple[float, str]], now: float, uptime: float) -> list[Xid
     return out[-MAX_XIDS:]
 
 
-def read_dmesg() -> tuple[list[tuple[float, str]] | None, str]:
+def dmesg_text() -> tuple[str | None, str]:
+    """`dmesg`'s output (its last MAX_LOG_BYTES), or None and why it could not be read
+    (dmesg_restrict, not installed): its own last word, uncut. The one way the agent runs
+    dmesg (oom.py reads an OOM kill's lines through it too)."""
     try:
         r = subprocess.run(
             ["dmesg"],
@@ -74,9 +77,16 @@ def read_dmesg() -> tuple[list[tuple[float, str]] | None, str]:
         return None, f"dmesg: {e}"
     if r.returncode != 0:
         said = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        return None, (said[-1] if said else f"dmesg exited {r.returncode}")[:MAX_GPU_COMMAND]
+        return None, said[-1] if said else f"dmesg exited {r.returncode}"
+    return r.stdout[-MAX_LOG_BYTES:].decode("utf-8", "replace"), ""
+
+
+def read_dmesg() -> tuple[list[tuple[float, str]] | None, str]:
+    text, why = dmesg_text()
+    if text is None:
+        return None, why[:MAX_GPU_COMMAND]
     out = []
-    for line in r.stdout[-MAX_LOG_BYTES:].decode("utf-8", "replace").splitlines():
+    for line in text.splitlines():
         m = DMESG_STAMP.match(line)
         if m is not None:
             out.append((float(m[1]), line[m.end() :]))

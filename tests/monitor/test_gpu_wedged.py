@@ -22,6 +22,7 @@ import pytest
 from infra.fixtures import FakeGpu
 from monitor_helpers import Remote, cli
 from rich.console import Console
+from test_gpu_procs import ssh_args
 
 from dflash_tui import gpu_procs
 from dflash_tui.agent import kernel_log
@@ -210,19 +211,9 @@ def reset_host(
 
 
 def reset(server: Any, remote: Path, index: str) -> subprocess.CompletedProcess[str]:
-    return cli(
-        "gpu-reset",
-        f"ssh://{server.user}@127.0.0.1:{server.port}",
-        index,
-        "--identity",
-        str(server.client_key),
-        "--known-hosts",
-        str(server.known_hosts),
-        "--remote-dir",
-        str(remote),
-        "--python",
-        sys.executable,
-    )
+    """`dflash-tui gpu-reset HOST INDEX`, as an operator runs it."""
+    target, *options = ssh_args(server, remote)
+    return cli("gpu-reset", target, index, *options)
 
 
 def resets(smi_log: Path) -> list[list[str]]:
