@@ -474,7 +474,8 @@ def _owner_seen_since(s: Store, since: float) -> bool:
     decides="Critical: NVML fails on a GPU in the newest sample (`GPU is lost` after Xid "
     "79, or any other NVML error while the others answer); or an Xid of a kind that needs a "
     "reset (XID_WEDGE: 48, 61-64, 74, 79, 92, 94, 95, 119, 120) in the last `xid_window_s` "
-    "on a GPU that also shows another sign below, or on a PCI address no GPU answers for. "
+    "on a GPU that also shows another sign below, or on a PCI address no GPU answers for "
+    "(NVML gave every GPU's). "
     "Warning: such an Xid alone, on a GPU NVML still reads; a GPU holding `held_min_bytes` "
     "or more with no process listed on it in every sample of the last `orphan_memory_s` "
     "while no run is alive and none was seen in that time (inside a container NVML lists no "
@@ -518,7 +519,9 @@ def gpu_wedged(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
         if x.code not in XID_WEDGE or remote_now - x.t > cfg.xid_window_s:
             continue
         where: int | str = by_pci.get(pci_key(x.pci), x.pci or "?")
-        if isinstance(where, str) or where in signs:
+        # An address no GPU answers for, where NVML gave every GPU's: that GPU is gone.
+        gone = isinstance(where, str) and len(by_pci) == len(gpu.devices)
+        if gone or where in signs:
             critical.add(where)
         signs.setdefault(where, []).append(
             f"kernel log: Xid {x.code} ({XID_WEDGE[x.code]}) {dur(remote_now - x.t)} ago"

@@ -132,6 +132,24 @@ def test_an_xid_in_the_kernel_log_names_its_gpu_by_pci_address(
     assert f.evidence.startswith("GPU 1: NVML: GPU is lost, kernel log: Xid 79")
 
 
+def test_an_xid_on_an_address_no_gpu_answers_for_is_critical(
+    remote_factory: Callable[..., Remote],
+    local_target: Target,
+    gpu_env: FakeGpu,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML names both GPUs' addresses (18, 19); an Xid 79 on 3b is a board that fell off
+    the bus and left NVML's list: critical, named by its address."""
+    bin_ = tool(tmp_path / "bin", "dmesg", DMESG.replace("0000:19:00", "0000:3b:00"))
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+    r = remote_factory(local_target, follow=None)
+    r.wait(lambda s: s.gpu is not None and s.gpu.xids, 30, "the Xid lines")
+    [f] = wedged(r)
+    assert (f.severity, f.title) == ("critical", "PCI 0000:3b:00 wedged")
+    assert "nvidia-smi -q on the host names the GPU at that PCI address" in f.action
+
+
 def test_an_unreadable_kernel_log_is_said_once_not_as_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
