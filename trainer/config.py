@@ -122,6 +122,9 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 0  # 0 = only at the end
+    # After each save, keep the newest N checkpoints and the one with the best held-out τ,
+    # never the resume point; 0 = keep every one (a deletion is not undone, so opt in).
+    keep_checkpoints: int = 0
     # "auto": flex on CUDA, sdpa on CPU (flex has no CPU backward).
     attention: str = "auto"
     # torch.compile each drafter layer on CUDA (fused norms, RoPE, SwiGLU; flex inlined).
@@ -257,6 +260,10 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "train.seed": (lambda v: v >= 0, _NON_NEGATIVE_INT),
     "train.log_every": (lambda v: v >= 1, _POSITIVE_INT),
     "train.checkpoint_every": (lambda v: v >= 0, "must be a non-negative integer (0 = at the end)"),
+    "train.keep_checkpoints": (
+        lambda v: v >= 0,
+        "must be a non-negative integer (0 = keep every checkpoint)",
+    ),
     "eval.every": (lambda v: v >= 0, "must be 0 (never) or a number of steps"),
     "eval.prompts": (lambda v: v >= 1, _POSITIVE_INT),
     "eval.new_tokens": (lambda v: 2 <= v <= 100_000, "must be an integer in [2, 100000]"),

@@ -1,4 +1,5 @@
-"""deploy: a release unpacked, checked against the hash the monitor sent, then made current.
+"""deploy: a release unpacked, checked against the hash the monitor sent, then made current
+(or, for `restart --deploy`, left beside the current one until its import check passed).
 
 Nothing from the archive runs before it is trusted: the shipped files are hashed as bytes
 with the agent's own (bundled) `code_hash`, never with code from the archive, and `current`
@@ -81,9 +82,31 @@ def deploy(remote_dir: str, cmd: Deploy) -> Deployed:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    link_tmp = os.path.join(remote_dir, f".current-{secrets.token_hex(4)}")
-    os.symlink(os.path.join("releases", want[:16]), link_tmp)
-    os.replace(link_tmp, os.path.join(remote_dir, "current"))  # atomic switch
     record = Deployed(sha256=want, release=final, at=time.time(), bytes=len(blob))
-    write_json_atomic(os.path.join(remote_dir, "deployed.json"), encode(record))
+    if cmd.make_current:
+        make_current(remote_dir, record)
     return record
+
+
+def make_current(remote_dir: str, record: Deployed) -> None:
+    """Launches and restarts use this release from now on; a run already started keeps its
+    own (launch.json's `release`: the folder, never the link)."""
+    link_tmp = os.path.join(remote_dir, f".current-{secrets.token_hex(4)}")
+    os.symlink(os.path.join("releases", record.sha256[:16]), link_tmp)
+    os.replace(link_tmp, os.path.join(remote_dir, "current"))  # atomic switch
+    write_json_atomic(os.path.join(remote_dir, "deployed.json"), encode(record))
+
+
+def shipped_release(remote_dir: str, sha256: str) -> str:
+    """The folder of a release deployed earlier whose trainer/ still hashes to `sha256`
+    (`restart --deploy` names it by its hash), or CommandError."""
+    if not SHA256.match(sha256):
+        raise CommandError("a release is named by its code sha256", bad_input=True)
+    final = os.path.join(remote_dir, "releases", sha256[:16])
+    shipped = os.path.join(final, "trainer")
+    if not os.path.isdir(shipped) or os.path.islink(final):
+        raise CommandError(f"no release {sha256[:16]} under {remote_dir}: deploy it first")
+    got = code_hash(shipped)
+    if got != sha256:
+        raise CommandError(f"release {sha256[:16]} hashes to {got[:16]} now: deploy it again")
+    return final
