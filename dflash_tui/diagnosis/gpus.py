@@ -472,7 +472,8 @@ def _owner_seen_since(s: Store, since: float) -> bool:
     "(the agent reads dmesg or /dev/kmsg; unreadable inside most containers, which status "
     "says once), the runs list's alive run, the followed run's heartbeat and exit",
     decides="Critical: NVML fails on a GPU in the newest sample (`GPU is lost` after Xid "
-    "79, or any other NVML error while the others answer); or an Xid of a kind that needs a "
+    "79, or any other NVML error while the others answer), or on every call (the newest "
+    "sample is the sampler's error); or an Xid of a kind that needs a "
     "reset (XID_WEDGE: 48, 61-64, 74, 79, 92, 94, 95, 119, 120) in the last `xid_window_s` "
     "on a GPU that also shows another sign below, or on a PCI address no GPU answers for "
     "(NVML gave every GPU's). "
@@ -492,6 +493,17 @@ def gpu_wedged(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
     fatal Xid for it, it holds memory with no owner anywhere for a long time, or it counted
     uncorrected ECC errors with no run on it. One finding for all of them, worst first."""
     gpu = s.gpu
+    if gpu is not None and gpu.state == "error":  # NVML fails whole: no GPU can be read
+        return [
+            Finding(
+                "critical",
+                "gpu_wedged",
+                "GPU sampling fails on this host",
+                f"the agent's sampler ({gpu.backend}): {gpu.reason}",
+                "nvidia-smi on the host names the GPU that fails; once no process holds "
+                f"it: dflash-tui gpu-reset {s.target} INDEX; else reboot the host",
+            )
+        ]
     if gpu is None or gpu.state is not None:
         return []
     remote_now = s.remote_now(now)

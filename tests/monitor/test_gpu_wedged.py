@@ -103,6 +103,20 @@ def test_a_lost_gpu_is_critical_and_the_others_keep_their_samples(
     assert r.store.to_json()["gpus"][1]["error"] == "GPU is lost"
 
 
+def test_nvml_failing_on_every_call_is_critical(
+    remote_factory: Callable[..., Remote], local_target: Target, gpu_env: FakeGpu
+) -> None:
+    """After nvmlInit the stand-in answers every call with GPU_IS_LOST once its state file
+    is gone: the agent's sample is its error, said once, and that is a wedged host."""
+    r = remote_factory(local_target, follow=None)
+    r.wait(lambda s: s.gpu is not None and s.gpu.devices, 30, "GPU samples")
+    gpu_env.unload_driver()
+    r.wait(lambda s: s.gpu.state == "error", 30, "the sampler's error")
+    [f] = wedged(r)
+    assert (f.severity, f.title) == ("critical", "GPU sampling fails on this host")
+    assert f.evidence == "the agent's sampler (nvml): GPU is lost"
+
+
 def test_an_xid_in_the_kernel_log_names_its_gpu_by_pci_address(
     remote_factory: Callable[..., Remote],
     local_target: Target,
