@@ -117,19 +117,32 @@ def test_nvml_failing_on_every_call_is_critical(
     assert f.evidence == "the agent's sampler (nvml): GPU is lost"
 
 
-def test_an_xid_in_the_kernel_log_names_its_gpu_by_pci_address(
+@pytest.fixture
+def agent_with_dmesg(
     remote_factory: Callable[..., Remote],
     local_target: Target,
-    gpu_env: FakeGpu,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[str], Remote]:
+    """The local agent with a stand-in `dmesg` printing `text` first on its PATH, once its
+    samples carry the Xid lines."""
+
+    def start(text: str) -> Remote:
+        bin_ = tool(tmp_path / "bin", "dmesg", text)
+        monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+        r = remote_factory(local_target, follow=None)
+        r.wait(lambda s: s.gpu is not None and len(s.gpu.xids) == 2, 30, "the Xid lines")
+        return r
+
+    return start
+
+
+def test_an_xid_in_the_kernel_log_names_its_gpu_by_pci_address(
+    agent_with_dmesg: Callable[[str], Remote], gpu_env: FakeGpu
 ) -> None:
     """Xid 79 a minute ago on 0000:19:00 (GPU 1): a warning while NVML still reads the GPU,
     critical once it is lost too. Xid 13 (an application's fault) and old lines say nothing."""
-    bin_ = tool(tmp_path / "bin", "dmesg", DMESG)
-    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
-    r = remote_factory(local_target, follow=None)
-    r.wait(lambda s: s.gpu is not None and len(s.gpu.xids) == 2, 30, "the Xid lines")
+    r = agent_with_dmesg(DMESG)
     x79, x13 = r.store.gpu.xids
     assert (x79.code, x79.pci, x79.text, x13.code) == (79, "0000:19:00", XID_79, 13)
     assert 50 < time.time() - x79.t < 90  # the kernel's time since boot, on the agent's clock
@@ -147,18 +160,11 @@ def test_an_xid_in_the_kernel_log_names_its_gpu_by_pci_address(
 
 
 def test_an_xid_on_an_address_no_gpu_answers_for_is_critical(
-    remote_factory: Callable[..., Remote],
-    local_target: Target,
-    gpu_env: FakeGpu,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    agent_with_dmesg: Callable[[str], Remote], gpu_env: FakeGpu
 ) -> None:
     """NVML names both GPUs' addresses (18, 19); an Xid 79 on 3b is a board that fell off
     the bus and left NVML's list: critical, named by its address."""
-    bin_ = tool(tmp_path / "bin", "dmesg", DMESG.replace("0000:19:00", "0000:3b:00"))
-    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
-    r = remote_factory(local_target, follow=None)
-    r.wait(lambda s: s.gpu is not None and s.gpu.xids, 30, "the Xid lines")
+    r = agent_with_dmesg(DMESG.replace("0000:19:00", "0000:3b:00"))
     [f] = wedged(r)
     assert (f.severity, f.title) == ("critical", "PCI 0000:3b:00 wedged")
     assert "nvidia-smi -q on the host names the GPU at that PCI address" in f.action
