@@ -133,6 +133,11 @@ class DFlashApp(App[int]):
         ("Time column in the step log", "each step line's wall-clock time, or none (C)", "clock"),
         ("Open the log in $PAGER", "what the monitor holds, sanitised; plain less (o)", "pager"),
         ("View the log", "what the monitor holds, with / search, n N (v)", "log_viewer"),
+        (
+            "GPU processes",
+            "pid, user, memory and command on each GPU; the kernel log's Xid faults (P)",
+            "gpu_processes",
+        ),
         ("Zoom the focused pane", "to the whole screen; z or Esc back (z)", "zoom"),
         ("Replay the run", "its telemetry with these panes, at any moment (p)", "replay"),
         ("Next theme", "dark, light, high-contrast, … (t)", "next_theme"),
@@ -417,6 +422,9 @@ class DFlashApp(App[int]):
 
     def action_pager(self) -> None:
         self.views.pager()
+
+    def action_gpu_processes(self) -> None:
+        self.views.gpu_processes()
 
     def action_log_viewer(self) -> None:
         self.views.log_viewer()

@@ -13,7 +13,7 @@ from typing import Any
 from textual.app import SuspendNotSupported
 from textual.css.query import NoMatches
 
-from dflash_tui import control, log_pages, pager
+from dflash_tui import control, gpu_procs, log_pages, pager
 from dflash_tui.control import ControlError
 from dflash_tui.link.link import LinkError
 from dflash_tui.widgets.filterbar import FilterBar
@@ -105,6 +105,14 @@ class ViewKeys:
         lines = store.log_lines
         title = f"Step log of {store.run_id or 'no run'} — the last {len(lines)} lines held"
         self.app.push_screen(TextScreen(title, "\n".join(shown(line) for line in lines)))
+
+    def gpu_processes(self) -> None:
+        """Which processes are on each GPU (pid, user, memory, command, this run's or not),
+        a GPU NVML cannot read, the kernel log's Xid lines: gpu_procs.py, a viewer."""
+        store = self.app.store
+        self.app.push_screen(
+            TextScreen(f"GPU processes on {store.target}", gpu_procs.view_text(store))
+        )
 
     def pager(self) -> None:
         """The log the store holds, sanitised, in $PAGER while the app is suspended."""

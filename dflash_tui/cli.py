@@ -29,6 +29,7 @@ from dflash_tui.commands import (
     demo,
     explain,
     fleet,
+    gpu_reset,
     oneshot,
     replay,
     runs,
@@ -42,7 +43,7 @@ from dflash_tui.targets import TargetError
 
 _BY_NAME: dict[str, Subcommand] = {
     c.name: c
-    for module in (actions, compare, demo, explain, fleet, replay, runs, status)
+    for module in (actions, compare, demo, explain, fleet, gpu_reset, replay, runs, status)
     for c in module.SUBCOMMANDS
 }
 # The order `dflash-tui --help` lists them in (a command missing here fails at import).
@@ -61,6 +62,7 @@ ORDER = (
     "compare",
     "replay",
     "export",
+    "gpu-reset",
     "explain",
 )
 SUBCOMMANDS = {name: _BY_NAME[name].summary for name in sorted(_BY_NAME, key=ORDER.index)}

@@ -40,6 +40,7 @@ from trainer.contract.protocol import (
     DumpStacks,
     ExportDrafter,
     FollowRun,
+    GpuReset,
     Kill,
     Launch,
     ListRuns,
@@ -367,6 +368,15 @@ class CacheCleared:
 
 
 @dataclasses.dataclass
+class GpuWasReset:
+    index: int
+    said: str  # nvidia-smi's own words, one line (host text: sanitise before a terminal)
+    ok: bool  # NVML reads the GPU after the reset
+    check: str  # what NVML says of it
+    before: str = ""  # NVML's error before the reset, or why it could not list holders
+
+
+@dataclasses.dataclass
 class Exported:
     run_id: str
     step: int
@@ -537,6 +547,13 @@ async def signal_process(
 async def clear_cache(link: Requester) -> CacheCleared:
     cmd = ClearCompileCache()
     return _answer(CacheCleared, cmd, await link.request(cmd))
+
+
+async def gpu_reset(link: Requester, index: int) -> GpuWasReset:
+    """`nvidia-smi --gpu-reset -i INDEX` on the host (agent/gpu_reset.py: refused while a
+    process holds that GPU), then NVML's reading of it."""
+    cmd = GpuReset(index=index)
+    return _answer(GpuWasReset, cmd, await link.request(cmd))
 
 
 async def export(

@@ -51,15 +51,19 @@ Store.to_json() = {target, link: {state, detail, rtt_ms, attempt}, run_id, phase
     heartbeat_age_s, heartbeat_error, heartbeat_note, alive, exit,
     outcome: {kind, summary} | null (once the run ended), malformed (lines skipped),
     gpus: [{index, name, mem_used, mem_total, util, role, sm_clock_mhz, sm_clock_max_mhz,
-            clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c}], gpu_state,
+            clock_reasons (names), ecc_uncorrected, power_w, power_limit_w, temp_c, pci_bus_id,
+            error (NVML's, "" when none), processes: [{pid, user, mem_used, command, local,
+            this_run (true/false; null for a pid of another namespace)}]}], gpu_state,
+    gpu_xids: [{t, code, pci, text}] (the kernel log's Xid lines of the last day),
+    kernel_log: why the kernel log could not be read ("" when it was),
     host: {t, cpus, load: [1, 5, 15 min], cpu_pct, mem_total, mem_available,
            disk: {path, free, total} | null} | null (the agent's newest host sample),
     procs: {t, run_id, pgid, leader, note, procs: [{pid, start, ppid, state, name, cpu_pct,
             rss, threads}]} | null (the run's proven process group, agent/proc_table.py)}
 
 `status` (--once) prints, after the status line, one line on the host (`host: 2 CPUs, load
-4.50 (2.25 per CPU), CPU 97% busy, memory …, disk … free of … on RUN_ROOT`), then the
-findings.
+4.50 (2.25 per CPU), CPU 97% busy, memory …, disk … free of … on RUN_ROOT`), a line per
+process on a GPU and per GPU NVML cannot read (gpu_procs.py), then the findings.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from dflash_tui import (
     compile_progress,
     cuda_graphs,
     evaluation,
+    gpu_procs,
     host_context,
     ranks_view,
     sanitize,
@@ -414,6 +419,8 @@ class Headless:
                 if host is not None and not self.as_json:
                     self.say(host)  # the path is the host's
                 if not self.as_json:
+                    for line in gpu_procs.lines(self.store):
+                        self.say(line)  # say() sanitises: users and commands are the host's
                     for line in cuda_graphs.lines(self.store.heartbeat):
                         self.say(f"CUDA graphs, {line}")  # say() sanitises the reasons
                 if not self.as_json:

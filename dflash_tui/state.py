@@ -30,6 +30,7 @@ from trainer.contract.protocol import (
     CLOCK_REASON_NAMES,
     Follow,
     GpuDevice,
+    GpuProcess,
     GpuSample,
     HeartbeatError,
     HeartbeatEvent,
@@ -79,6 +80,9 @@ class GpuPoint(NamedTuple):
     sm_clock_mhz: int | None = None
     clock_reasons: int | None = None
     ecc_uncorrected: int | None = None
+    # what gpu_wedged looks back on: processes NVML listed, NVML's error for the device
+    procs: int = 0
+    error: str = ""
 
 
 def clock_reason_names(reasons: int | None) -> list[str] | None:
@@ -217,7 +221,16 @@ class Store:
         for d in e.devices:
             hist = self.gpu_history.setdefault(d.index, deque(maxlen=self.history))
             hist.append(
-                GpuPoint(t, d.mem_used, d.util, d.sm_clock_mhz, d.clock_reasons, d.ecc_uncorrected)
+                GpuPoint(
+                    t,
+                    d.mem_used,
+                    d.util,
+                    d.sm_clock_mhz,
+                    d.clock_reasons,
+                    d.ecc_uncorrected,
+                    len(d.processes),
+                    d.error,
+                )
             )
 
     def _on_follow(self, e: Follow) -> None:
@@ -393,6 +406,23 @@ class Store:
         index = self.gpu_index(thread.device)
         return index if index in self.gpu_devices() else None
 
+    def run_pids(self) -> set[int]:
+        """The followed run's pids as the agent's namespace numbers them: the trainer (its
+        heartbeat), its process group (the `procs` sample), a job's ranks."""
+        pids = set()
+        if self.heartbeat is not None:
+            pids.add(self.heartbeat.pid)
+        if self.procs is not None and self.procs.run_id == self.run_id:
+            pids.update(p.pid for p in self.procs.procs)
+        pids.update(r.beat.pid for r in self.ranks.values() if r.beat is not None)
+        pids.discard(0)
+        return pids
+
+    def this_run(self, p: GpuProcess) -> bool | None:
+        """Whether a GPU process is the followed run's; None for a pid of another pid
+        namespace (NVML in a container may list the host's), which cannot be matched."""
+        return p.pid in self.run_pids() if p.local else None
+
     def gpu_roles(self) -> dict[int, str]:
         """GPU index -> role(s) from the heartbeat's threads ("prefetch+target")."""
         roles: dict[int, set[str]] = {}
@@ -474,10 +504,25 @@ class Store:
                     "power_w": d.power_w,
                     "power_limit_w": d.power_limit_w,
                     "temp_c": d.temp_c,
+                    "pci_bus_id": d.pci_bus_id,
+                    "error": d.error,
+                    "processes": [
+                        {
+                            "pid": p.pid,
+                            "user": p.user,
+                            "mem_used": p.mem_used,
+                            "command": p.command,
+                            "local": p.local,
+                            "this_run": self.this_run(p),
+                        }
+                        for p in d.processes
+                    ],
                 }
                 for d in (self.gpu.devices if self.gpu else [])
             ],
             "gpu_state": self.gpu.state if self.gpu else None,
+            "gpu_xids": [encode(x) for x in self.gpu.xids] if self.gpu else [],
+            "kernel_log": self.gpu.kernel_log if self.gpu else "",
             "host": encode(self.host),
             "procs": encode(self.procs),
         }

@@ -25,6 +25,7 @@ from dflash_tui.agent.deploy import deploy, make_current, shipped_release
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
 from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, size_or_zero
+from dflash_tui.agent.gpu_reset import gpu_reset
 from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.identity import NotRunning, Proven, prove, signal_process, still
 from dflash_tui.agent.kill import kill
@@ -51,6 +52,7 @@ from trainer.contract.protocol import (
     DumpStacks,
     ExportDrafter,
     FollowRun,
+    GpuReset,
     Kill,
     Launch,
     ListRuns,
@@ -462,6 +464,10 @@ def push_artifacts(agent: AgentState, cmd: PushArtifacts) -> dict[str, Any]:
     return artifacts.push(agent.remote_dir, cmd)
 
 
+def reset_gpu(agent: AgentState, cmd: GpuReset) -> dict[str, Any]:
+    return gpu_reset(agent.gpus, agent.runs.alive_run(), cmd.index, cmd.timeout_s)
+
+
 def export_drafter(agent: AgentState, cmd: ExportDrafter) -> dict[str, Any]:
     run_id, run_dir = target_run(agent, cmd.run_id, need_alive=False)
     return export(agent.remote_dir, agent.args.python, run_id, run_dir, cmd)
@@ -482,4 +488,5 @@ HANDLERS: dict[type[Command], Callable[[AgentState, Any], Any]] = {
     PushArtifacts: push_artifacts,
     ExportDrafter: export_drafter,
     SignalProcess: signal_member_process,
+    GpuReset: reset_gpu,
 }

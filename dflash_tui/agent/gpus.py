@@ -6,9 +6,11 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from typing import Any
 
-from trainer.contract.protocol import GpuDevice, GpuProcess
+from dflash_tui.agent.procs import command_of, proc_start, user_of
+from trainer.contract.protocol import MAX_GPU_COMMAND, GpuDevice, GpuProcess
 
 MIB = 1 << 20
 
@@ -22,6 +24,35 @@ def _is_local(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+class Owners:
+    """Who runs a GPU process and what, read from /proc once per process: kept by pid and
+    start time (a reused pid is another process), forgotten once NVML no longer lists it."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int | None, str, str]] = {}
+        self.seen: set[int] = set()
+        self.lock = threading.Lock()  # the sampler's thread and a command's (kill, gpu_reset)
+
+    def process(self, pid: int, mem_used: int) -> GpuProcess:
+        if not _is_local(pid):
+            return GpuProcess(pid=pid, mem_used=mem_used, local=False)
+        start = proc_start(pid)
+        with self.lock:
+            self.seen.add(pid)
+            known = self.known.get(pid)
+        if known is None or known[0] != start:
+            known = (start, user_of(pid), command_of(pid, MAX_GPU_COMMAND))
+            with self.lock:
+                self.known[pid] = known
+        return GpuProcess(pid=pid, mem_used=mem_used, user=known[1], command=known[2])
+
+    def sweep(self) -> None:
+        """After a sample: forget the pids it did not list."""
+        with self.lock:
+            self.known = {pid: v for pid, v in self.known.items() if pid in self.seen}
+            self.seen = set()
+
+
 class Gpus:
     SMI_GPU = (
         "--query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,power.draw,"
@@ -33,6 +64,10 @@ class Gpus:
         self.backend = "none"
         self.reason = ""
         self.nvml: Any = None
+        # Each GPU's PCI address as last read: a GPU NVML has lost keeps the address its
+        # kernel log's Xid lines name it by.
+        self.pci: dict[int, str] = {}
+        self.owners = Owners()
         try:
             import pynvml
 
@@ -54,24 +89,35 @@ class Gpus:
 
     def sample(self) -> list[GpuDevice]:
         if self.backend == "nvml":
-            return self._nvml()
-        if self.backend == "nvidia-smi":
-            return self._smi()
-        return []
+            devices = self._nvml()
+        elif self.backend == "nvidia-smi":
+            devices = self._smi()
+        else:
+            return []
+        self.owners.sweep()
+        return devices
 
     def _nvml(self) -> list[GpuDevice]:
         n = self.nvml
         out = []
         for i in range(n.nvmlDeviceGetCount()):
-            h = n.nvmlDeviceGetHandleByIndex(i)
-            mem = n.nvmlDeviceGetMemoryInfo(h)
-            dev = GpuDevice(
-                index=i,
-                uuid=_text(n.nvmlDeviceGetUUID(h)),
-                name=_text(n.nvmlDeviceGetName(h)),
-                mem_used=int(mem.used),
-                mem_total=int(mem.total),
-            )
+            try:
+                h = n.nvmlDeviceGetHandleByIndex(i)
+                mem = n.nvmlDeviceGetMemoryInfo(h)
+                dev = GpuDevice(
+                    index=i,
+                    uuid=_text(n.nvmlDeviceGetUUID(h)),
+                    name=_text(n.nvmlDeviceGetName(h)),
+                    mem_used=int(mem.used),
+                    mem_total=int(mem.total),
+                )
+            except n.NVMLError as e:
+                # One wedged board ("GPU is lost") must not cost the others their sample.
+                error = str(e) or type(e).__name__
+                out.append(GpuDevice(index=i, error=error, pci_bus_id=self.pci.get(i, "")))
+                continue
+            with contextlib.suppress(Exception):
+                dev.pci_bus_id = self.pci[i] = _text(n.nvmlDeviceGetPciInfo(h).busId)
             # Each reading may be unsupported on a given board: a missing one stays None.
             with contextlib.suppress(Exception):
                 dev.util = int(n.nvmlDeviceGetUtilizationRates(h).gpu)
@@ -82,12 +128,7 @@ class Gpus:
             self._health(h, dev)
             with contextlib.suppress(Exception):
                 for p in n.nvmlDeviceGetComputeRunningProcesses(h):
-                    pid = int(p.pid)
-                    dev.processes.append(
-                        GpuProcess(
-                            pid=pid, mem_used=int(p.usedGpuMemory or 0), local=_is_local(pid)
-                        )
-                    )
+                    dev.processes.append(self.owners.process(int(p.pid), int(p.usedGpuMemory or 0)))
             out.append(dev)
         return out
 
@@ -163,8 +204,5 @@ class Gpus:
         for row in run(self.SMI_APPS):
             owner = by_uuid.get(row[2])
             if owner is not None and row[0].isdigit():
-                pid = int(row[0])
-                owner.processes.append(
-                    GpuProcess(pid=pid, mem_used=int(float(row[1]) * MIB), local=_is_local(pid))
-                )
+                owner.processes.append(self.owners.process(int(row[0]), int(float(row[1]) * MIB)))
         return devs

@@ -27,6 +27,7 @@ from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import FileFollower, HeartbeatWatch, Inotify
 from dflash_tui.agent.gpus import Gpus
 from dflash_tui.agent.host import HostProbe
+from dflash_tui.agent.kernel_log import XidWatch
 from dflash_tui.agent.output import Out
 from dflash_tui.agent.proc_table import ProcTable
 from dflash_tui.agent.rank_watch import RankWatch
@@ -213,9 +214,19 @@ class Agent:
             self.out.emit(GpuSample(backend="none", state="no_gpu", reason=self.gpus.reason))
             return
         last_error = None
+        xids = XidWatch()
         while not self.stop.is_set():
             try:
-                self.out.emit(GpuSample(backend=backend, devices=self.gpus.sample()))
+                devices = self.gpus.sample()
+                xids.refresh()
+                self.out.emit(
+                    GpuSample(
+                        backend=backend,
+                        devices=devices,
+                        xids=xids.xids,
+                        kernel_log=xids.unreadable,
+                    )
+                )
                 last_error = None
             except Exception as e:
                 if str(e) != last_error:  # say it once, not every second

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 
+from dflash_tui.agent.kernel_log import dmesg_text
 from trainer.contract.records import OomCheck
 from trainer.contract.typed import Unreadable, read_bounded
 
@@ -23,8 +23,6 @@ CGROUP_FS = "/sys/fs/cgroup"
 V2_EVENTS = "memory.events"
 V1_EVENTS = "memory.oom_control"
 MAX_FILE_BYTES = 64 << 10
-DMESG_TIMEOUT_S = 3.0
-MAX_DMESG_BYTES = 8 << 20  # the ring buffer is a few MB at most; more is not dmesg
 KERNEL_LINES = 4  # the last lines naming the pid: the kill and its summary
 MAX_LINE_CHARS = 300
 
@@ -117,22 +115,9 @@ def kernel_lines(pid: int) -> tuple[list[str], str]:
     pattern = re.compile(
         rf"(Killed process {pid}\b|oom-kill:.*[,:]pid={pid},|reaped process {pid}\b)"
     )
-    try:
-        r = subprocess.run(
-            ["dmesg"],
-            check=False,
-            capture_output=True,
-            timeout=DMESG_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError:
-        return [], "dmesg is not installed"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return [], f"dmesg: {e}"
-    if r.returncode != 0:
-        said = r.stderr.decode("utf-8", "replace").strip().splitlines()
-        return [], (said[-1][:MAX_LINE_CHARS] if said else f"dmesg exited {r.returncode}")
-    text = r.stdout[-MAX_DMESG_BYTES:].decode("utf-8", "replace")
+    text, why = dmesg_text()
+    if text is None:
+        return [], why[:MAX_LINE_CHARS]
     found = [ln.strip()[:MAX_LINE_CHARS] for ln in text.splitlines() if pattern.search(ln)]
     return found[-KERNEL_LINES:], ""
 

@@ -17,7 +17,7 @@ import time
 
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.identity import Group, prove
-from dflash_tui.agent.procs import pid_alive, proc_group
+from dflash_tui.agent.procs import command_of, pid_alive, proc_group
 from dflash_tui.agent.runs import RunRoot
 from trainer.contract.protocol import (
     MAX_PROC_NAME,
@@ -45,16 +45,7 @@ def _fields(pid: int) -> list[str] | None:
 
 def _name(pid: int) -> str:
     """Its command line (what tells a compile worker from the trainer), cut; else its comm."""
-    for path, sep in ((f"/proc/{pid}/cmdline", b"\0"), (f"/proc/{pid}/comm", b"\n")):
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(4 * MAX_PROC_NAME)
-        except OSError:
-            continue
-        words = [w for w in raw.split(sep) if w]
-        if words:
-            return b" ".join(words).decode("utf-8", "replace")[:MAX_PROC_NAME]
-    return ""
+    return command_of(pid, MAX_PROC_NAME)
 
 
 class ProcTable:

@@ -9,6 +9,7 @@ for a pid, so the pair names the process; run records keep it as `proc_start`.
 from __future__ import annotations
 
 import os
+import pwd
 
 # Indexes into the fields after the command name in /proc/PID/stat (field 3 is index 0).
 _STATE = 0  # field 3: R, S, D, Z, ...
@@ -78,6 +79,39 @@ def group_members(pgid: int) -> list[tuple[int, int]]:
 def group_pids(pgid: int) -> list[int]:
     """Pids of the live (non-zombie) processes in process group `pgid`."""
     return [pid for pid, _start in group_members(pgid)]
+
+
+def user_of(pid: int) -> str:
+    """The name of the process's real user (its uid when the host has no name for it); ""
+    when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read(8192).decode("ascii", "replace")
+    except OSError:
+        return ""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+            try:
+                return pwd.getpwuid(uid).pw_name
+            except KeyError:
+                return str(uid)
+    return ""
+
+
+def command_of(pid: int, limit: int) -> str:
+    """Its command line, words joined by spaces and cut to `limit` characters; else its
+    comm (a kernel thread, a process whose cmdline is empty); "" when it is gone."""
+    for path, sep in ((f"/proc/{pid}/cmdline", b"\0"), (f"/proc/{pid}/comm", b"\n")):
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(4 * limit)
+        except OSError:
+            continue
+        words = [w for w in raw.split(sep) if w]
+        if words:
+            return b" ".join(words).decode("utf-8", "replace")[:limit]
+    return ""
 
 
 def ticks_to_s(ticks: int) -> float:

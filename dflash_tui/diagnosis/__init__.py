@@ -34,6 +34,7 @@ from dflash_tui.diagnosis.gpus import (
     allocator_retries,
     gpu_ecc_errors,
     gpu_throttled,
+    gpu_wedged,
     role_memory_short,
 )
 from dflash_tui.diagnosis.heldout import eval_failed, eval_plateau, eval_skipped, overfitting
@@ -100,6 +101,7 @@ from dflash_tui.state import Store
 # pipeline, the surroundings, and the baselines last.
 RULES: list[Rule] = [
     unreachable,
+    gpu_wedged,
     crashed,
     died_before_log,
     stale_heartbeat,
@@ -218,6 +220,7 @@ __all__ = [
     "gil_pressure",
     "gpu_ecc_errors",
     "gpu_throttled",
+    "gpu_wedged",
     "grad_norm_spike",
     "graphs_fell_back",
     "host_memory_short",

@@ -96,6 +96,10 @@ class DiagnosisConfig:
     throttle_min_samples: int = 3  # fewer samples with reasons say nothing
     clock_gap_frac: float = 0.1  # median SM clock this far below its role peers': slower
     ecc_rise_min: int = 1  # uncorrected ECC errors that appeared during the run: critical
+    # a wedged GPU (gpu_wedged): memory held with no process anywhere is normal for a while
+    # inside a container (NVML lists no process there): only this long with no owner counts
+    orphan_memory_s: float = 600.0
+    xid_window_s: float = 1800.0  # an Xid line of the kernel log this recent counts
     # training health, from metrics.jsonl rows (loss, acc, streak, grad_norm)
     health_warmup_steps: int = 100  # rows up to this step say nothing (the trainer's default
     # LR warm-up, train.warmup_steps: the loss falls fast, acc is ~0, grad norms are large)

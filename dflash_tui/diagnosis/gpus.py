@@ -402,3 +402,163 @@ def gpu_ecc_errors(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
             "(CUDA_VISIBLE_DEVICES); nvidia-smi -q -d ECC,ROW_REMAPPER says if it needs a reset",
         )
     ]
+
+
+# -- a wedged GPU ---------------------------------------------------------------------------
+# Xids that leave the board needing a reset or more (NVIDIA's Xid catalogue); the others
+# (13, 31, 43, 45…) are an application's fault, which its own process dies of.
+XID_WEDGE = {
+    48: "double-bit ECC error",
+    61: "micro-controller breakpoint",
+    62: "micro-controller halt",
+    63: "ECC page retirement or row remapping",
+    64: "row remapping failure",
+    74: "NVLink error",
+    79: "fallen off the bus",
+    92: "high single-bit ECC rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def pci_key(bus_id: str) -> str:
+    """`bus:device` of a PCI address, as NVML (`00000000:3B:00.0`) and an Xid line
+    (`0000:3b:00`) both write it."""
+    parts = bus_id.lower().split(".")[0].split(":")
+    return ":".join(parts[-2:]) if len(parts) >= 2 else bus_id.lower()
+
+
+def _orphaned_for(s: Store, index: int, since: float, cfg: DiagnosisConfig) -> float | None:
+    """How long GPU `index` has held `held_min_bytes` with no process listed, when every
+    sample since `since` (and one before it) says so; else None."""
+    hist = list(s.gpu_history.get(index, ()))
+    older = [p for p in hist if p.t <= since]
+    recent = [p for p in hist if p.t > since]
+    if not older or not recent:
+        return None  # not watched for the whole window yet
+    window = [older[-1], *recent]
+    if any(p.procs or p.error or p.mem_used < cfg.held_min_bytes for p in window):
+        return None
+    start = window[0].t
+    for p in reversed(older[:-1]):  # back to where it began, for the evidence
+        if p.procs or p.error or p.mem_used < cfg.held_min_bytes:
+            break
+        start = p.t
+    return hist[-1].t - start
+
+
+def _owner_seen_since(s: Store, since: float) -> bool:
+    """A run anywhere under the run root alive, or the followed one's heartbeat, its exit
+    or its process seen since `since`: its memory has an owner."""
+    if s.alive_run is not None or s.process_alive():
+        return True
+    hb, ex = s.heartbeat, s.exit_info()
+    return (hb is not None and hb.now > since) or (
+        ex is not None and ex.ended_at is not None and ex.ended_at > since
+    )
+
+
+@rule(
+    Code(
+        "gpu_wedged",
+        ("critical", "warning"),
+        "a GPU is wedged: lost to NVML, faulted in the kernel log, or holding memory no "
+        "process owns",
+    ),
+    reads="the GPU samples (NVML's error per GPU, its memory used and the processes it "
+    "lists, the volatile uncorrected ECC count, the PCI address), the kernel log's Xid lines "
+    "(the agent reads dmesg or /dev/kmsg; unreadable inside most containers, which status "
+    "says once), the runs list's alive run, the followed run's heartbeat and exit",
+    decides="Critical: NVML fails on a GPU in the newest sample (`GPU is lost` after Xid "
+    "79, or any other NVML error while the others answer), or on every call (the newest "
+    "sample is the sampler's error); or an Xid of a kind that needs a "
+    "reset (XID_WEDGE: 48, 61-64, 74, 79, 92, 94, 95, 119, 120) in the last `xid_window_s` "
+    "on a GPU that also shows another sign below, or on a PCI address no GPU answers for "
+    "(NVML gave every GPU's). "
+    "Warning: such an Xid alone, on a GPU NVML still reads; a GPU holding `held_min_bytes` "
+    "or more with no process listed on it in every sample of the last `orphan_memory_s` "
+    "while no run is alive and none was seen in that time (inside a container NVML lists no "
+    "process even for a live run: only time with no owner anywhere counts); volatile "
+    "uncorrected ECC errors on a GPU while no run is alive (a reset clears them and applies "
+    "pending row remaps; during a run `gpu_ecc_errors` says it).",
+    thresholds=("xid_window_s", "held_min_bytes", "orphan_memory_s"),
+    action="once no process holds it: dflash-tui gpu-reset TARGET INDEX (nvidia-smi "
+    "--gpu-reset on the host, then NVML's check); if the reset is refused or NVML still "
+    "fails, reboot the host (Xid 79 repeating: reseat or replace the board)",
+)
+def gpu_wedged(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """A GPU that will not run work until it is reset: NVML lost it, the driver logged a
+    fatal Xid for it, it holds memory with no owner anywhere for a long time, or it counted
+    uncorrected ECC errors with no run on it. One finding for all of them, worst first."""
+    gpu = s.gpu
+    if gpu is not None and gpu.state == "error":  # NVML fails whole: no GPU can be read
+        return [
+            Finding(
+                "critical",
+                "gpu_wedged",
+                "GPU sampling fails on this host",
+                f"the agent's sampler ({gpu.backend}): {gpu.reason}",
+                "nvidia-smi on the host names the GPU that fails; once no process holds "
+                f"it: dflash-tui gpu-reset {s.target} INDEX; else reboot the host",
+            )
+        ]
+    if gpu is None or gpu.state is not None:
+        return []
+    remote_now = s.remote_now(now)
+    by_pci = {pci_key(d.pci_bus_id): d.index for d in gpu.devices if d.pci_bus_id}
+    signs: dict[int | str, list[str]] = {}  # GPU index, or an Xid's PCI address no GPU has
+    critical: set[int | str] = set()
+    for d in gpu.devices:
+        if d.error:
+            signs.setdefault(d.index, []).append(f"NVML: {d.error}")
+            critical.add(d.index)
+    nobody = not _owner_seen_since(s, remote_now - cfg.orphan_memory_s)
+    for d in gpu.devices:
+        if d.error:
+            continue
+        held_s = _orphaned_for(s, d.index, remote_now - cfg.orphan_memory_s, cfg)
+        if nobody and held_s is not None:
+            signs.setdefault(d.index, []).append(
+                f"{gb(d.mem_used)} held with no process listed for {dur(held_s)}, no run alive"
+            )
+        if d.ecc_uncorrected and s.alive_run is None and not s.process_alive():
+            signs.setdefault(d.index, []).append(
+                f"{d.ecc_uncorrected} uncorrected ECC errors since the driver loaded"
+            )
+    for x in gpu.xids:
+        if x.code not in XID_WEDGE or remote_now - x.t > cfg.xid_window_s:
+            continue
+        where: int | str = by_pci.get(pci_key(x.pci), x.pci or "?")
+        # An address no GPU answers for, where NVML gave every GPU's: that GPU is gone.
+        gone = isinstance(where, str) and len(by_pci) == len(gpu.devices)
+        if gone or where in signs:
+            critical.add(where)
+        signs.setdefault(where, []).append(
+            f"kernel log: Xid {x.code} ({XID_WEDGE[x.code]}) {dur(remote_now - x.t)} ago"
+        )
+    if not signs:
+        return []
+    order = sorted(signs, key=lambda k: (k not in critical, str(k)))
+    names = [f"GPU {k}" if isinstance(k, int) else f"PCI {k}" for k in order]
+    evidence = "; ".join(
+        f"{name}: {', '.join(dict.fromkeys(signs[k]))}"
+        for name, k in zip(names, order, strict=True)
+    )
+    indexes = [k for k in order if isinstance(k, int)]
+    reset = (
+        " then ".join(f"dflash-tui gpu-reset {s.target} {i}" for i in indexes[:2])
+        if indexes
+        else "nvidia-smi -q on the host names the GPU at that PCI address"
+    )
+    return [
+        Finding(
+            "critical" if critical else "warning",
+            "gpu_wedged",
+            f"{', '.join(names)} wedged" if critical else f"{', '.join(names)} may be wedged",
+            evidence,
+            f"once no process holds it: {reset}; if the reset is refused or NVML still "
+            "fails, reboot the host",
+        )
+    ]

@@ -95,6 +95,10 @@ def compact_line(s: Store) -> Text:
         line.append(spark([float(d.mem_used)], 1, float(d.mem_total or 1)), style=colour)
     used = span([d.mem_used / (1 << 30) for d in devices], "")
     line.append(f" {used}/{max(d.mem_total for d in devices) / (1 << 30):.0f}G")
+    lost = [d for d in devices if d.error]
+    if lost:  # a GPU NVML cannot read (gpu_wedged): named first, as the line may be cut
+        line.append(f"  GPU {lost[0].index} ", style="bold red")
+        line.append_text(safe.text(lost[0].error, "bold red"))
     for d in devices:  # the first device throttled for a fault or with ECC errors: early,
         tag = clock_cell(d)  # as the line is cut at the pane's edge, not wrapped
         if d.ecc_uncorrected or any(sp.style == "bold red" for sp in tag.spans):
@@ -185,8 +189,12 @@ class GpuPane(Static):
             used, total = d.mem_used, d.mem_total or 1
             want = expected_bytes(s, role)
             mem = Text()  # the bar in the role's colour, the figures in the text's
-            mem.append(bar(used / total, 10), style=colour)
-            mem.append(f" {used / (1 << 30):5.1f}/{total / (1 << 30):.0f}G")
+            if d.error:  # NVML gave no figures, only this (`GPU is lost`): gpu_wedged's sign
+                mem = safe.text(f"NVML: {d.error}", "bold red")
+                want = 0.0
+            else:
+                mem.append(bar(used / total, 10), style=colour)
+                mem.append(f" {used / (1 << 30):5.1f}/{total / (1 << 30):.0f}G")
             swing = swings.get(i)
             if swing is not None and swing.fall >= DEFAULT_CONFIG.swing_min_bytes:
                 # memory_swing's evidence, in place of the usual-memory ratio (the cell's room)

@@ -39,6 +39,7 @@ DASHBOARD: list[BindingType] = [
     Binding("p", "replay", "replay"),
     Binding("t", "next_theme", "theme"),
     Binding("T", "threads", "threads"),
+    Binding("P", "gpu_processes", "GPU processes", show=False),
     Binding("i", "run_info", "run info", show=False),
     Binding("g", "log_top", "top of log", show=False),
 ]

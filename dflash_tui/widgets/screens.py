@@ -77,6 +77,8 @@ The run
            the newest dump (d), on a process of the run asks for a
            signal's name, typed; s sorts (CPU, name, time in state,
            loop), / filters by words
+  P        GPU processes: on each GPU pid, user, memory, command, this
+           run's or not; a GPU NVML cannot read; the kernel log's Xids
   p        replay the run's telemetry with these panes: ← → an entry,
            [ ] a minute, Home End, e the end, / filters its log;
            control keys are off there; q or Esc returns to live

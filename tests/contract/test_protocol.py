@@ -26,7 +26,7 @@ def test_every_command_round_trips_and_has_a_client_timeout():
     for name, cls in COMMANDS.items():
         required = {"config_toml": "x", "tar_b64": "", "sha256": "0" * 64, "name": "train.log",
                     "offset": 0, "size": 1, "chunk_b64": "AA==", "pid": 2, "start": 0,
-                    "signal": "SIGTERM"}  # fmt: skip
+                    "signal": "SIGTERM", "index": 0}  # fmt: skip
         fields = {k: v for k, v in required.items() if k in cls.__dataclass_fields__}
         cmd = cls(id=7, **fields)
         data = json.loads(json.dumps(cmd.to_json()))

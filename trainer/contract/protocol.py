@@ -30,8 +30,10 @@ from trainer.contract.typed import Invalid, Unreadable, decode, encode
 
 T = TypeVar("T")
 # 2: the first versioned protocol; 3: `rank_heartbeat` (a processes-mode job's ranks);
-# 4: `Launch.node`/`Restart.node` (one host of a job over several: nodes.py), `Kill.ended_ok`.
-PROTOCOL_VERSION = 4
+# 4: `Launch.node`/`Restart.node` (one host of a job over several: nodes.py), `Kill.ended_ok`;
+# 5: a GPU process's user and command, a device's NVML error and PCI address, the kernel
+# log's Xid lines, `gpu_reset`.
+PROTOCOL_VERSION = 5
 RELEASE_CHECK_S = 120.0  # restart --deploy: the new release's import check on the host
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
 MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
@@ -86,11 +88,30 @@ class Hello(Event):
     deployed: Deployed | None = None
 
 
+MAX_GPU_USER = 32  # a user name as the host gives it; longer ones are cut at the boundary
+MAX_GPU_COMMAND = 160  # a GPU process's command line, cut to this
+
+
 @dataclasses.dataclass
 class GpuProcess:
     pid: int
     mem_used: int = 0
     local: bool = True  # the pid exists in the agent's pid namespace
+    # Who runs it and what, from the host's /proc: "" where the pid is not in the agent's
+    # namespace (a container seeing host pids) or its files cannot be read. Host text:
+    # bounded at the boundary (`_bound_gpu_text`), sanitised before a terminal.
+    user: str = ""
+    command: str = ""
+
+
+@dataclasses.dataclass
+class XidLine:
+    """One `NVRM: Xid` line of the host's kernel log: the driver's report of a GPU fault."""
+
+    t: float  # when the kernel logged it (the agent's clock)
+    code: int  # the Xid number (79: fallen off the bus, 48: double-bit ECC, ...)
+    pci: str = ""  # the device's PCI address as the line names it ("0000:3b:00")
+    text: str = ""  # the line, cut to MAX_GPU_COMMAND
 
 
 @dataclasses.dataclass
@@ -111,6 +132,9 @@ class GpuDevice:
     clock_reasons: int | None = None  # NVML's clocks-event ("throttle") reasons bitmask
     ecc_uncorrected: int | None = None  # volatile: since the driver loaded
     power_limit_w: float | None = None  # the enforced limit
+    pci_bus_id: str = ""  # NVML's "00000000:3B:00.0": what an Xid line names the GPU by
+    # NVML's error for this device ("GPU is lost"): its readings are zeros, not figures.
+    error: str = ""
 
 
 # Clock event reasons (nvml.h's nvmlClocksEventReason*): the bits the monitor names.
@@ -157,17 +181,47 @@ def _health_ok(value: Any, kind: type, limit: float) -> bool:
 
 def _drop_bad_health(data: Any) -> Any:
     """A gpu event with every health reading of the wrong type or out of range removed (it
-    reads as None): one odd reading from a driver must not cost the whole sample."""
+    reads as None), and its host text bounded: one odd reading from a driver must not cost
+    the whole sample."""
     devices = data.get("devices") if isinstance(data, dict) else None
     if not isinstance(devices, list):
         return data
     clean = [
-        {k: v for k, v in d.items() if k not in _HEALTH_LIMITS or _health_ok(v, *_HEALTH_LIMITS[k])}
+        _bound_gpu_text(
+            {
+                k: v
+                for k, v in d.items()
+                if k not in _HEALTH_LIMITS or _health_ok(v, *_HEALTH_LIMITS[k])
+            }
+        )
         if isinstance(d, dict)
         else d
         for d in devices
     ]
     return {**data, "devices": clean}
+
+
+def _cut(value: Any, limit: int) -> Any:
+    return value[:limit] if isinstance(value, str) else value
+
+
+def _bound_gpu_text(device: dict[str, Any]) -> dict[str, Any]:
+    """A device's host strings cut to their bounds: a command line of a megabyte from a
+    hostile host costs its tail, not the sample."""
+    out = {**device, "error": _cut(device.get("error", ""), MAX_GPU_COMMAND)}
+    procs = device.get("processes")
+    if isinstance(procs, list):
+        out["processes"] = [
+            {
+                **p,
+                "user": _cut(p.get("user", ""), MAX_GPU_USER),
+                "command": _cut(p.get("command", ""), MAX_GPU_COMMAND),
+            }
+            if isinstance(p, dict)
+            else p
+            for p in procs
+        ]
+    return out
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -176,6 +230,26 @@ class GpuSample(Event):
     devices: list[GpuDevice] = dataclasses.field(default_factory=list)
     state: str | None = None  # None: a sample; "no_gpu" | "error": why there is none
     reason: str = ""
+    # The kernel log's Xid lines of the last XID_KEEP_S (newest MAX_XIDS), and why the log
+    # could not be read ("" when it was): inside a container it usually cannot.
+    xids: list[XidLine] = dataclasses.field(default_factory=list)
+    kernel_log: str = ""
+
+    def invalid(self) -> str | None:
+        if len(self.xids) > MAX_XIDS:
+            return f"{len(self.xids)} Xid lines (at most {MAX_XIDS})"
+        for x in self.xids:
+            if not 0 <= x.code < 1 << 16 or not math.isfinite(x.t):
+                return f"Xid {x.code} at {x.t}: not an Xid"
+            if len(x.text) > MAX_GPU_COMMAND or len(x.pci) > 32:
+                return f"Xid {x.code}: a line of {len(x.text)} characters"
+        if len(self.kernel_log) > MAX_GPU_COMMAND:
+            return f"kernel_log of {len(self.kernel_log)} characters"
+        return None
+
+
+MAX_XIDS = 32
+XID_KEEP_S = 24 * 3600.0  # older Xid lines are history, not the GPU's state now
 
 
 @dataclasses.dataclass
@@ -673,6 +747,18 @@ class SignalProcess(Command):
 
 
 @dataclasses.dataclass(kw_only=True)
+class GpuReset(Command):
+    """`nvidia-smi --gpu-reset -i INDEX` on the host, refused while any process holds that
+    GPU; the answer says what nvidia-smi said and what NVML sees of the GPU after it."""
+
+    index: int
+    timeout_s: float = 120.0  # a reset takes seconds; a wedged board may take longer
+
+    def client_timeout(self) -> float:
+        return self.timeout_s + 30.0
+
+
+@dataclasses.dataclass(kw_only=True)
 class ClearCompileCache(Command):
     def client_timeout(self) -> float:
         return 120.0
@@ -762,6 +848,7 @@ COMMANDS: dict[str, type[Command]] = {
     "push_artifacts": PushArtifacts,
     "export": ExportDrafter,
     "signal_process": SignalProcess,
+    "gpu_reset": GpuReset,
 }
 COMMAND_NAMES: dict[type, str] = {cls: name for name, cls in COMMANDS.items()}
 # Answered inline by the agent's loop; the others run on a thread of their own so that a

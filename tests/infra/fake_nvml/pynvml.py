@@ -12,7 +12,8 @@ Put this directory first on PYTHONPATH and set FAKE_NVML_STATE to a JSON file:
                   "ecc_uncorrected": int, "ecc_corrected": int (volatile counts),
                   "ecc_uncorrected_aggregate": int, "ecc_corrected_aggregate": int,
                   "unsupported": ["nvmlDeviceGetTotalEccErrors", ...],
-                  "missing": ["nvmlDeviceGetCurrentClocksEventReasons", ...]}],
+                  "missing": ["nvmlDeviceGetCurrentClocksEventReasons", ...],
+                  "lost": bool (every call on the device raises GPU_IS_LOST: a wedged board)}],
      "processes": [{"pid": int, "device": int, "mem": bytes}]}
 
 The file is re-read on every call, so a test can change it under a running program.
@@ -230,6 +231,8 @@ def _device(handle: c_nvmlDevice_t) -> dict[str, Any]:
     devices = _state()["devices"]
     if not isinstance(handle, c_nvmlDevice_t) or not 0 <= handle._index < len(devices):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if devices[handle._index].get("lost"):  # fallen off the bus: NVML answers nothing of it
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     return devices[handle._index]
 
 
@@ -337,6 +340,22 @@ def nvmlDeviceGetName(handle: c_nvmlDevice_t) -> str:
 
 def nvmlDeviceGetUUID(handle: c_nvmlDevice_t) -> str:
     return str(_device(handle)["uuid"])
+
+
+class c_nvmlPciInfo_t:
+    def __init__(self, index: int) -> None:
+        # The stand-in nvidia-smi's gpu_bus_id: bus 0x18 + index, as on an 8-GPU board.
+        self.busId = f"00000000:{index + 0x18:02X}:00.0"
+        self.busIdLegacy = self.busId[4:]
+        self.domain, self.bus, self.device = 0, index + 0x18, 0
+
+
+def nvmlDeviceGetPciInfo(handle: c_nvmlDevice_t) -> c_nvmlPciInfo_t:
+    _device(handle)
+    return c_nvmlPciInfo_t(handle._index)
+
+
+nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
 
 def nvmlDeviceGetMemoryInfo(handle: c_nvmlDevice_t, version: object = None) -> c_nvmlMemory_t:
