@@ -34,8 +34,8 @@ def main() -> int:
 
     rows = []
     for name, info in (
-        ("qwen3-8b-h200", scaling._target_info_8b()),
-        ("qwen3.6-27b-h200", scaling._target_info_27b()),
+        ("qwen3-8b-h200", scaling.target_info_8b()),
+        ("qwen3.6-27b-h200", scaling.target_info_27b()),
     ):
         cfg = load_config(BENCH.parent / "trainer" / "configs" / f"{name}.toml")
         n = cfg.drafter.num_layers

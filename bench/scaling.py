@@ -140,7 +140,7 @@ class Workload:
     flops: float  # gpu_bench.drafter_flops of one step (one batch)
 
 
-def _target_info_27b() -> Any:
+def target_info_27b() -> Any:
     from make_bench_target_qwen36 import NUM_LAYERS, TEXT, hybrid_layer_types
     from transformers import Qwen3_5TextConfig
 
@@ -152,7 +152,7 @@ def _target_info_27b() -> Any:
     return target_info_of(c)
 
 
-def _target_info_8b() -> Any:
+def target_info_8b() -> Any:
     """The 8B bench target's shape, as bench/make_bench_target.py builds it."""
     from make_bench_target import qwen3_8b_config  # bench/, beside this file
 
@@ -283,8 +283,8 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def render() -> str:
     m = measured()
-    w = workload(CONFIG_27B, _target_info_27b())
-    w8 = workload(CONFIG_8B, _target_info_8b())
+    w = workload(CONFIG_27B, target_info_27b())
+    w8 = workload(CONFIG_8B, target_info_8b())
     g = per_gpu(w, w8, m)
     msg = message_bytes(w)
     batch_bytes = sum(msg.values())

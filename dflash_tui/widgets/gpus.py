@@ -18,7 +18,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from dflash_tui import host_context
-from dflash_tui.diagnosis import DEFAULT_CONFIG
+from dflash_tui.diagnosis import DEFAULT_CONFIG, possible
 from dflash_tui.diagnosis.memory import gpu_swings
 from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
@@ -181,7 +181,10 @@ class GpuPane(Static):
         for col, kw in columns:
             if col in keep:
                 table.add_column(col, no_wrap=True, overflow="crop", **kw)
-        swings = gpu_swings(s, gpu.t or s.clock())  # the agent's clock, as the samples'
+        # memory_swing's evidence, while the run trains as the rule asks (memory falls to 0
+        # when a run ends: no swing); the agent's clock, as the samples'
+        training = possible(s, gpu.t or s.clock(), DEFAULT_CONFIG).tune
+        swings = gpu_swings(s, gpu.t or s.clock()) if training else {}
         for d in gpu.devices:
             i = d.index
             role = roles.get(i, "")
