@@ -5,7 +5,9 @@ never imports the monitor) are import-linter contracts in pyproject.toml, run by
 - the contract package imports the standard library and itself, nothing else, and the agent
   the standard library and the contract: the agent carries both to hosts that have nothing
   installed;
-- loading the monitor's CLI loads neither torch nor textual (`--help` stays instant).
+- loading the monitor's CLI loads neither torch nor textual (`--help` stays instant);
+- loading the trainer's run loads no torch compiler (dynamo, inductor): it took 7 s of a warm
+  demo's start on a loaded 2-core host, and a CPU run compiles nothing.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def test_monitor_cli_loads_without_torch_or_textual():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ""
+
+
+def test_the_trainer_loads_without_the_compiler():
+    """What the launch runs, and its threaded run, import no part of torch's compiler:
+    `torch.compiler.disable` as a decorator, or a counter read at import, would."""
+    code = (
+        "import sys, trainer.__main__, trainer.runtime.run, trainer.runtime.warmup\n"
+        "print('torch' in sys.modules, 'torch._dynamo' in sys.modules,"
+        " 'torch._inductor' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "False"]  # torch itself, not its compiler
 
 
 def test_the_agent_imports_the_stdlib_and_the_contract_only():
