@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from test_thread_table import recorded_store
+from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from dflash_tui import thread_table
@@ -38,17 +39,27 @@ def test_sorts_and_filters_of_a_real_heartbeats_threads() -> None:
     assert thread_table.filter_rows(rows, [], "nothing-like-it")[0] == []
 
 
+async def open_threads(app: DFlashApp, pilot: Pilot[None]) -> ThreadsScreen:
+    """The recorded heartbeat in the app's store, then `T`: its threads screen."""
+    recorded = recorded_store()
+    app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
+    app.store.version += 1
+    await pilot.press("T")
+    await pilot.pause(0.3)
+    screen = app.screen
+    assert isinstance(screen, ThreadsScreen)
+    return screen
+
+
+def local_app() -> DFlashApp:
+    return DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+
+
 def test_the_threads_screen_sorts_and_filters_under_pilot() -> None:
     async def go() -> None:
-        recorded = recorded_store()
-        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        app = local_app()
         async with app.run_test(size=(160, 48)) as pilot:
-            app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
-            app.store.version += 1
-            await pilot.press("T")
-            await pilot.pause(0.3)
-            screen = app.screen
-            assert isinstance(screen, ThreadsScreen)
+            screen = await open_threads(app, pilot)
 
             def names() -> list[str]:
                 return [k.removeprefix("thread:") for k in screen.rows if k.startswith("thread:")]
@@ -76,15 +87,9 @@ def test_n_and_n_step_through_the_rows_matching_the_filter_under_pilot() -> None
     role or state holds the filter's words, round the ends, and say which of how many."""
 
     async def go() -> None:
-        recorded = recorded_store()
-        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        app = local_app()
         async with app.run_test(size=(160, 48)) as pilot:
-            app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
-            app.store.version += 1
-            await pilot.press("T")
-            await pilot.pause(0.3)
-            screen = app.screen
-            assert isinstance(screen, ThreadsScreen)
+            screen = await open_threads(app, pilot)
             table = screen.query_one(DataTable)
 
             def at() -> str:
