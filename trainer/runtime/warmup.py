@@ -7,8 +7,11 @@ forward+backward per (drafter device, bucket) before any worker starts, and the 
 reports graphs compiled afterwards as recompiles.
 
 Only a CUDA device compiles (the drafter's layers, its loss math, flex attention: each on
-CUDA only), so a CPU run never imports torch._dynamo: its import took 7 s of a warm demo's
-start on a loaded 2-core host. The counters below read zero until something imported it.
+CUDA only), so a CPU run has nothing to warm up, and nothing here imports torch._dynamo for
+it (7 s of a warm demo's start on a loaded 2-core host, 1.6 s idle). torch.optim still does,
+at the optimizer's creation (`Optimizer.add_param_group` is dynamo-disabled, imported then),
+so the import moves from the trainer's start to the set-up's `optimizer` lap, beside the
+target's load on its thread. The counters below read zero until something imported it.
 """
 
 from __future__ import annotations
