@@ -168,6 +168,26 @@ def filter_rows(
     )
 
 
+def row_matches(row: ThreadRow | ProcRow, text: str) -> bool:
+    """Whether `row`'s name, role or state holds every word of `text`, case-insensitive: a
+    match for the threads view's n / N."""
+    if isinstance(row, ThreadRow):
+        name, state = row.name, row.state
+    else:
+        name, state = row.info.name, row.info.state
+    hay = f"{name} {row.role} {state}".lower()
+    words = text.lower().split()
+    return bool(words) and all(w in hay for w in words)
+
+
+def next_match(matches: list[int], at: int, by: int) -> int:
+    """Which of `matches` (row indices, ascending; not empty) n (`by` 1) or N (-1) moves to
+    from row `at`: the first after it or the last before it, round the ends."""
+    if by > 0:
+        return next((k for k, i in enumerate(matches) if i > at), 0)
+    return next((k for k in reversed(range(len(matches))) if matches[k] < at), len(matches) - 1)
+
+
 def meters(h: HostSample | None, width: int = 20) -> list[str]:
     """The host meters: CPU % of the CPUs this run may use, RAM used of total, load."""
     if h is None:

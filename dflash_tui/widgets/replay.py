@@ -27,12 +27,12 @@ from dflash_tui.replay import Recording, ReplayError, memory_line, parse_at
 from dflash_tui.state import Store
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.alerts import AlertsPane
+from dflash_tui.widgets.filterbar import SearchBar
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane
 from dflash_tui.widgets.plots import Plots
 from dflash_tui.widgets.queues import QueuePane
-from dflash_tui.widgets.search import SearchBar
 from dflash_tui.widgets.stages import StagePane
 from dflash_tui.widgets.steplog import FilterError, StepLog
 from trainer.contract.heartbeat import Heartbeat

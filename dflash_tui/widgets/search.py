@@ -9,18 +9,15 @@ the current match is. A viewer binds keys.VIEWER and calls `Search`'s methods.""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
+from dflash_tui.widgets.filterbar import SearchBar
 from dflash_tui.widgets.panes import VimScroll
 from dflash_tui.widgets.steplog import FilterError, compile_filter
 
@@ -99,60 +96,6 @@ class SearchText(VimScroll):
             if total > row:
                 return i
         return len(self.lines)
-
-
-class SearchBar(Horizontal):
-    """The `/` line, docked at the bottom of its viewer."""
-
-    BINDINGS = [Binding("escape", "cancel", "cancel", show=False)]
-    DEFAULT_CSS = """
-    SearchBar { dock: bottom; height: 1; display: none; background: $panel; }
-    SearchBar.-open { display: block; }
-    SearchBar #search-label { width: auto; padding: 0 1; color: $primary; text-style: bold; }
-    SearchBar Input, SearchBar Input:focus { width: 1fr; height: 1; border: none; padding: 0; }
-    SearchBar #search-error { width: auto; max-width: 60%; padding: 0 1; color: $error; }
-    """
-
-    def __init__(self, submit: Callable[[str], bool], **kw: object) -> None:
-        """`submit(pattern)`: searches; False keeps the bar open (no regex)."""
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self.submit = submit
-        self._back_to: Widget | None = None
-
-    def compose(self) -> ComposeResult:
-        yield Static(Text("/"), id="search-label")
-        yield Input(id="search-input", placeholder="regex, case-insensitive · Enter · Esc")
-        yield Static(id="search-error")
-
-    def say(self, error: str) -> None:
-        """Why the pattern cannot be searched, beside it (the bar stays open)."""
-        self.query_one("#search-error", Static).update(Text(error))
-
-    def open(self, current: str) -> None:
-        self._back_to = self.screen.focused
-        self.add_class("-open")
-        field = self.query_one(Input)
-        field.value = current
-        field.cursor_position = len(current)
-        self.say("")
-        field.focus()
-
-    @property
-    def is_open(self) -> bool:
-        return self.has_class("-open")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        if self.submit(event.value):
-            self.close()
-
-    def action_cancel(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.remove_class("-open")
-        if self._back_to is not None and self._back_to.is_attached:
-            self._back_to.focus()
 
 
 class Search:

@@ -1,6 +1,7 @@
 """The thread/process table (T): host meters, then a row per trainer thread and a row per
 process of the run's proven group, htop style; `s` sorts by the next key (CPU, name, time in
-state, loop; thread_table.SORTS), `/` filters by words, j/k or the arrows move.
+state, loop; thread_table.SORTS), `/` filters by words, `n` / `N` move to the next / previous
+row whose name, role or state holds them (round the ends), j/k or the arrows move.
 
 A viewer (dflash_tui/widgets/keys.py): nothing here sends a request without a typed word. Enter on
 a thread row shows that thread's section of the newest stack dump taken (d on the
@@ -119,6 +120,8 @@ class ThreadsScreen(Screen[None]):
         Binding("escape,q", "app.pop_screen", "back"),
         Binding("s", "sort", "sort"),
         Binding("slash", "filter", "filter"),
+        Binding("n", "next_match", "next match"),
+        Binding("N", "previous_match", "previous match"),
         Binding("a", "all_columns", "all columns"),
         Binding("j", "down", "down", show=False),
         Binding("k", "up", "up", show=False),
@@ -236,6 +239,30 @@ class ThreadsScreen(Screen[None]):
         self.filter_text = text
         self.refresh_rows(force=True)
         return None
+
+    def action_next_match(self) -> None:
+        self.step_match(1)
+
+    def action_previous_match(self) -> None:
+        self.step_match(-1)
+
+    def step_match(self, by: int) -> None:
+        """The cursor to the next (1) or previous (-1) row matching the filter's words by
+        its name, role or state, round the ends, and where it is said ("row k of N")."""
+        words = self.filter_text
+        if not words.strip():
+            self.dapp.notify("nothing to match yet: / and words first", timeout=3)
+            return
+        rows = list(self.rows.values())
+        matches = [i for i, r in enumerate(rows) if thread_table.row_matches(r, words)]
+        said = safe.text(f"/{words}: ").plain  # the operator's words: no escapes, no markup
+        if not matches:
+            self.dapp.notify(f"{said}no row's name, role or state matches", markup=False)
+            return
+        table = self.query_one(DataTable)
+        k = thread_table.next_match(matches, table.cursor_row, by)
+        table.move_cursor(row=matches[k])
+        self.dapp.notify(f"{said}row {k + 1} of {len(matches)} · n / N", markup=False)
 
     def on_resize(self) -> None:
         self.refresh_rows()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 
 from test_thread_table import recorded_store
+from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from dflash_tui import thread_table
 from dflash_tui.app import DFlashApp
@@ -37,17 +39,27 @@ def test_sorts_and_filters_of_a_real_heartbeats_threads() -> None:
     assert thread_table.filter_rows(rows, [], "nothing-like-it")[0] == []
 
 
+async def open_threads(app: DFlashApp, pilot: Pilot[None]) -> ThreadsScreen:
+    """The recorded heartbeat in the app's store, then `T`: its threads screen."""
+    recorded = recorded_store()
+    app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
+    app.store.version += 1
+    await pilot.press("T")
+    await pilot.pause(0.3)
+    screen = app.screen
+    assert isinstance(screen, ThreadsScreen)
+    return screen
+
+
+def local_app() -> DFlashApp:
+    return DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+
+
 def test_the_threads_screen_sorts_and_filters_under_pilot() -> None:
     async def go() -> None:
-        recorded = recorded_store()
-        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        app = local_app()
         async with app.run_test(size=(160, 48)) as pilot:
-            app.store.heartbeat, app.store.run_id = recorded.heartbeat, recorded.run_id
-            app.store.version += 1
-            await pilot.press("T")
-            await pilot.pause(0.3)
-            screen = app.screen
-            assert isinstance(screen, ThreadsScreen)
+            screen = await open_threads(app, pilot)
 
             def names() -> list[str]:
                 return [k.removeprefix("thread:") for k in screen.rows if k.startswith("thread:")]
@@ -66,5 +78,47 @@ def test_the_threads_screen_sorts_and_filters_under_pilot() -> None:
             await pilot.press("s", "s", "s")  # in state, loop, back to the pipeline's order
             await pilot.press("slash", "ctrl+u", "enter")
             assert names() == pipeline
+
+    asyncio.run(go())
+
+
+def test_n_and_n_step_through_the_rows_matching_the_filter_under_pilot() -> None:
+    """n / N (as in every viewer) move the cursor to the next / previous row whose name,
+    role or state holds the filter's words, round the ends, and say which of how many."""
+
+    async def go() -> None:
+        app = local_app()
+        async with app.run_test(size=(160, 48)) as pilot:
+            screen = await open_threads(app, pilot)
+            table = screen.query_one(DataTable)
+
+            def at() -> str:
+                return list(screen.rows)[table.cursor_row].removeprefix("thread:")
+
+            def said() -> str:
+                return list(app._notifications)[-1].message
+
+            await pilot.press("n")
+            assert said().startswith("nothing to match yet")
+            await pilot.press("slash", *"drafter", "enter")
+            assert at() == "drafter-0"
+            await pilot.press("n")
+            assert (at(), said()) == ("drafter-1", "/drafter: row 2 of 2 · n / N")
+            await pilot.press("n")  # round the end
+            assert (at(), said()) == ("drafter-0", "/drafter: row 1 of 2 · n / N")
+            await pilot.press("N")  # round the start
+            assert (at(), said()) == ("drafter-1", "/drafter: row 2 of 2 · n / N")
+            # The filter keeps target-0 by the queue it waits on; n matches target-1 alone,
+            # by its state ("waiting: q_hs full").
+            await pilot.press("slash", "ctrl+u", *"q_hs", "enter")
+            assert [k.removeprefix("thread:") for k in screen.rows] == ["target-0", "target-1"]
+            table.move_cursor(row=0)
+            await pilot.press("n")
+            assert (at(), said()) == ("target-1", "/q_hs: row 1 of 1 · n / N")
+            await pilot.press("N")
+            assert at() == "target-1"
+            await pilot.press("slash", "ctrl+u", *"cpu", "enter")  # every row, by its device
+            await pilot.press("n")
+            assert said() == "/cpu: no row's name, role or state matches"
 
     asyncio.run(go())

@@ -200,6 +200,31 @@ def test_compiled_target_layers_give_the_eager_features(tiny_target_dir):
 
 
 @cuda
+def test_varlen_stays_a_graph_break_in_the_compiled_layers(tiny_target_dir):
+    """compile_layers makes varlen attention eager inside the compiled layers (applied there,
+    not at import): packed rows whose longest document differs reuse the layers' graphs,
+    where a traced varlen would specialise on max_len and recompile."""
+    from torch._dynamo.utils import counters
+
+    from trainer.targets.load import default_target_layer_ids, load_target, read_target_info
+    from trainer.targets.packing import PACKED_KERNELS, varlen_attention
+
+    info = read_target_info(tiny_target_dir)
+    dev = torch.device("cuda")
+    ids_read = default_target_layer_ids(info.num_layers, 2)
+    f = load_target(tiny_target_dir, ids_read, torch.bfloat16, dev, "varlen").features
+    f.compile_layers()
+    assert PACKED_KERNELS["varlen"] is not varlen_attention
+    ids = torch.randint(0, 200, (1, 256), generator=torch.Generator().manual_seed(0)).cuda()
+    graphs = []
+    for lengths in ((100, 156), (50, 206), (30, 30, 196)):
+        pos = torch.cat([torch.arange(n) for n in lengths])[None]
+        f(ids, pos.cuda(), f.packed_docs(pos, dev))
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+    assert graphs[0] > 0 and graphs[1:] == [graphs[0], graphs[0]], graphs
+
+
+@cuda
 def test_compiled_hybrid_target_gives_the_eager_features(tiny_hybrid_target_dir):
     """target.compile on a Qwen3.5 hybrid: its full-attention layers are compiled whole, a
     Gated DeltaNet layer's norms and MLP around fla's eager kernels on a packed row, and the

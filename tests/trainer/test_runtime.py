@@ -37,16 +37,14 @@ def test_phases_advance_and_the_heartbeat_stays_fresh(start_trainer):
     hb = p.heartbeat()
     assert hb["phase"] == "training", seen
     history = [h["phase"] for h in hb["phase_history"]]
-    assert history == [
-        "starting",
-        "loading_data",
-        "loading_target",
-        "compiling",
-        "warmup",
-        "training",
-    ]
-    # Observed phases appear in the order of the history (fast ones may be skipped).
-    assert [ph for ph in history if ph in seen] == seen
+    # A CPU run compiles nothing: `compiling` is a blink, and the target's weights, still
+    # loading on their thread, are then waited for (loading_target again) unless already in.
+    assert history[:4] == ["starting", "loading_data", "loading_target", "compiling"]
+    assert history[4:] in (["warmup", "training"], ["loading_target", "warmup", "training"])
+    # Observed phases appear in the order of the history (fast ones may be skipped): `seen`
+    # is a subsequence of it.
+    rest = iter(history)
+    assert all(ph in rest for ph in seen), (seen, history)
     assert max(ages) < 2.5  # replaced at least every 2 s
     assert hb["pid"] == p.proc.pid and hb["pgid"] > 0
     assert hb["compile"]["recompiles"] == 0 and hb["compile"]["warmup_s"] is not None

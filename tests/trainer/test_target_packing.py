@@ -204,3 +204,19 @@ def test_compiled_gated_deltanet_pieces_equal_hf_s(tiny_hybrid_target_dir):
         have = parts.output(m, flat, out).float()
         assert float((have - want).norm() / want.norm()) < 1e-2
     assert int(counters["stats"]["unique_graphs"]) - graphs0 == 2  # shared across layers
+
+
+def test_compiling_the_layers_keeps_varlen_eager(tiny_target_dir):
+    """Varlen's graph break is applied where the layers are compiled (not as a decorator,
+    which would import dynamo with the module): after `compile_layers` the kernel the packed
+    path calls is dynamo's disabled wrapper of `varlen_attention`, once however often it is
+    asked. Its effect on the GPU: tests/trainer/test_gpu.py (no recompile per max_len)."""
+    from trainer.targets.packing import varlen_attention
+
+    features = load_target(tiny_target_dir, [1, 3], torch.float32, CPU).features
+    features.compile_layers()
+    kernel = PACKED_KERNELS["varlen"]
+    assert kernel is not varlen_attention and kernel.__wrapped__ is varlen_attention
+    assert getattr(kernel, "_torchdynamo_disable", False)  # what dynamo reads to break there
+    features.compile_layers()
+    assert PACKED_KERNELS["varlen"] is kernel

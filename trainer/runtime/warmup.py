@@ -5,14 +5,24 @@ the H200 (torch 2.11: > 150 s, every thread in dynamo's convert_frame). Warmed u
 thread first (23 s), four threads then ran with 0 recompiles. So the main thread runs a full
 forward+backward per (drafter device, bucket) before any worker starts, and the heartbeat
 reports graphs compiled afterwards as recompiles.
+
+Only a CUDA device compiles (the drafter's layers, its loss math, flex attention: each on
+CUDA only), so a CPU run has nothing to warm up, and nothing here imports torch._dynamo for
+it (7 s of a warm demo's start on a loaded 2-core host, 1.6 s idle). torch.optim still does,
+at the optimizer's creation (`Optimizer.add_param_group` is dynamo-disabled, imported then),
+so the import moves from the trainer's start to the set-up's `optimizer` lap, beside the
+target's load on its thread. The counters below read zero until something imported it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -25,10 +35,24 @@ from trainer.runtime.setup import RunSetup
 from trainer.targets.load import TargetFeatures
 
 
-def graphs_compiled() -> int:
-    from torch._dynamo.utils import counters
+def compiles_on(devices: Iterable[torch.device]) -> bool:
+    """Whether a drafter step on these devices compiles anything (CUDA only)."""
+    return any(dev.type == "cuda" for dev in devices)
 
-    return int(counters["stats"]["unique_graphs"])
+
+def _dynamo_utils() -> Any:
+    """torch._dynamo.utils if something imported dynamo (a compile did), else None: nothing
+    compiled, and importing it only to read zeros would cost a CPU run seconds."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    from torch._dynamo import utils
+
+    return utils
+
+
+def graphs_compiled() -> int:
+    utils = _dynamo_utils()
+    return 0 if utils is None else int(utils.counters["stats"]["unique_graphs"])
 
 
 class _RecompileHandler(logging.Handler):
@@ -66,9 +90,10 @@ def compile_cache_counts() -> dict[str, int]:
     """How the on-disk compile caches answered so far: Inductor's FX graph cache and
     AOTAutograd's cache. Misses mean kernels were generated (minutes), hits that they were
     loaded; a bypass means a graph the caches cannot hold (compiled every time)."""
-    from torch._dynamo.utils import counters
-
-    ind, aot = counters["inductor"], counters["aot_autograd"]
+    utils = _dynamo_utils()
+    if utils is None:
+        return {"cache_hits": 0, "cache_misses": 0, "cache_bypasses": 0}
+    ind, aot = utils.counters["inductor"], utils.counters["aot_autograd"]
     return {
         "cache_hits": int(ind["fxgraph_cache_hit"] + aot["autograd_cache_hit"]),
         "cache_misses": int(ind["fxgraph_cache_miss"] + aot["autograd_cache_miss"]),
@@ -80,11 +105,22 @@ def compile_breakdown(top: int = 6) -> dict[str, float]:
     """The slowest compile stages so far, in seconds summed over graphs (dynamo's own
     timers: tracing, AOTAutograd, Inductor lowering, kernel builds). Nested stages overlap,
     so the figures do not add up to the warm-up time."""
-    from torch._dynamo.utils import compilation_time_metrics
-
-    totals = {k: sum(v) for k, v in compilation_time_metrics.items()}
+    utils = _dynamo_utils()
+    if utils is None:
+        return {}
+    totals = {k: sum(v) for k, v in utils.compilation_time_metrics.items()}
     slowest = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
     return {k: round(v, 2) for k, v in slowest}
+
+
+def raise_cache_limits(limit: int) -> None:
+    """Let dynamo keep `limit` graphs per function (and 4x over all) before it gives up
+    compiling and runs eagerly."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.cache_size_limit = max(config.cache_size_limit, limit)
+    config.accumulated_cache_size_limit = max(config.accumulated_cache_size_limit, 4 * limit)
 
 
 def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: float = 0.0) -> float:
@@ -94,15 +130,14 @@ def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: floa
 
     t0 = time.monotonic()
     buckets = run.cfg.data.seq_buckets
+    # The first replica on each device that compiles: a CPU step compiles nothing, so has
+    # nothing to warm (2.7 s of the demo's start on an idle 2-core host).
     firsts: dict[torch.device, int] = {}
     for r, dev in enumerate(run.drafter_devices):
-        firsts.setdefault(dev, r)
-    # Per bucket and device (dynamo guards on both), plus head room for the mask builder.
-    limit = 4 * len(buckets) * max(1, len(firsts))
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-    torch._dynamo.config.accumulated_cache_size_limit = max(
-        torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
-    )
+        if compiles_on([dev]):
+            firsts.setdefault(dev, r)
+    if firsts:  # per bucket and device (dynamo guards on both), plus the mask builder's
+        raise_cache_limits(4 * len(buckets) * len(firsts))
     history = CompileHistory(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     signature = compile_signature(signature_parts(run, code_sha256))
     last = history.last(signature)
@@ -114,7 +149,8 @@ def warm_up(run: RunSetup, state: RunState, code_sha256: str = "", extra_s: floa
     time.sleep(extra_s)
     gen = torch.Generator().manual_seed(0)
     doing = ""
-    with watch_compiles(state, lambda: doing):
+    watching = watch_compiles(state, lambda: doing) if firsts else contextlib.nullcontext()
+    with watching:
         for dev, r in firsts.items():
             for S in buckets:
                 doing = f"bucket {S} on {dev}"
@@ -205,11 +241,7 @@ def warm_up_targets(run: RunSetup) -> float:
         layers = len(features.linear)
         # One entry per layer and bucket where dynamo cannot share a graph between layers,
         # plus the resumed halves around varlen's graph break.
-        limit = 2 * layers * len(buckets) + 8
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-        torch._dynamo.config.accumulated_cache_size_limit = max(
-            torch._dynamo.config.accumulated_cache_size_limit, 4 * limit
-        )
+        raise_cache_limits(2 * layers * len(buckets) + 8)
         features.compile_layers()
         for S in buckets:
             ids = torch.randint(0, run.arch.vocab_size, (B, S), generator=gen)

@@ -24,6 +24,7 @@ from trainer.targets.packing import (
     PackedDocs,
     hybrid_layer_packed,
     install_packed_attention,
+    keep_varlen_eager,
     varlen_supported,
 )
 
@@ -144,6 +145,7 @@ class TargetFeatures(nn.Module):
         row has its norms and MLP compiled around fla's eager kernels (`HybridLayerParts`);
         unpacked, it stays eager. The first forward of each shape compiles (the warm-up's,
         `warm_up_targets`)."""
+        keep_varlen_eager()
         layers: Any = self.base.layers
         self.compiled = [
             layer if self.linear[i] else torch.compile(layer, dynamic=False)

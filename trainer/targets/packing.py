@@ -309,7 +309,6 @@ def varlen_supported(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-@torch.compiler.disable  # eager in a compiled layer: max_len varies per batch
 def varlen_attention(
     query: Tensor, key: Tensor, value: Tensor, docs: PackedDocs, scaling: float | None
 ) -> Tensor:
@@ -350,6 +349,16 @@ def varlen_attention(
 PACKED_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Any, float | None], Tensor]] = {
     "varlen": varlen_attention,
 }
+
+
+def keep_varlen_eager() -> None:
+    """Have dynamo break a compiled layer's graph around varlen attention (eager there:
+    max_len varies per batch and would recompile). Applied where the layers are compiled
+    (`TargetFeatures.compile_layers`), not as a decorator: `torch.compiler.disable` imports
+    torch._dynamo (7 s of a warm demo's start on a loaded 2-core host), which a run that never
+    compiles should not pay. Idempotent."""
+    if PACKED_KERNELS.get("varlen") is varlen_attention:
+        PACKED_KERNELS["varlen"] = torch.compiler.disable(varlen_attention)
 
 
 def install_packed_attention() -> None:
