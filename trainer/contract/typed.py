@@ -193,13 +193,43 @@ def read_bounded(path: str | Path, limit: int) -> bytes | Unreadable | None:
         if e.errno == errno.ELOOP:
             return Unreadable(name, "a symlink: refused, not followed")
         return Unreadable(name, e.strerror or str(e))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Unreadable(name, "not a regular file: refused")
-        try:
-            return f.read(limit + 1)
-        except OSError as e:
-            return Unreadable(name, e.strerror or str(e))
+    try:
+        # Checked before fdopen, which raises on a folder's descriptor (IsADirectoryError).
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return Unreadable(name, f"{kind_of(mode)}, not a regular file: refused")
+        return _read_upto(fd, limit + 1)
+    except OSError as e:
+        return Unreadable(name, e.strerror or str(e))
+    finally:
+        os.close(fd)
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    """At most `n` bytes of `fd` (a regular file: os.read may return less than asked)."""
+    chunks: list[bytes] = []
+    while n > 0:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, in words, for a refusal that names it."""
+    for test, words in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def parse_json(raw: bytes | str, what: str, limit: int) -> Any:
