@@ -34,11 +34,13 @@ from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
 from trainer.contract.protocol import RunEval, RunInfo
 from trainer.contract.records import (
+    ACTIVE,
     CHECKPOINTS,
     CONFIG,
     EXIT,
     HEARTBEAT,
     LAUNCH,
+    LAUNCH_LOCK,
     LAUNCH_LOG,
     METRICS,
     RUN_FILES,
@@ -53,8 +55,8 @@ from trainer.contract.records import (
 from trainer.contract.steplines import parse_step_line
 from trainer.contract.typed import Unreadable, read_bounded
 
-LOCK_NAME = ".launch.lock"  # flock-ed while a launched run lives
-ACTIVE_NAME = ".active.json"  # which run holds the lock: {run_id, wrapper_pid}
+LOCK_NAME = LAUNCH_LOCK  # flock-ed while a run lives (launched, or started by hand)
+ACTIVE_NAME = ACTIVE  # which run holds the lock: {run_id, wrapper_pid}
 SAFE_ID = SAFE_NAME  # a run id: one plain name, no `..`, no slash
 CHECKPOINT_NAME = re.compile(r"^step-\d+\.pt$")
 LAST_WORDS_BYTES = 16 * 1024  # how much of a log's end to search for its last words

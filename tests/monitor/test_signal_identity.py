@@ -277,6 +277,83 @@ def test_a_launched_run_whose_process_does_not_hold_the_lock_is_not_signalled(
     assert run.alive() and run.signals() == []
 
 
+def test_a_forged_heartbeat_naming_a_stranger_is_refused_and_the_stranger_lives(
+    agent_factory,  # noqa: F811
+    tmp_path,
+):
+    """No launch.json: a heartbeat naming a stranger (a real `sleep`) by its pid, start time
+    and group, all readable from /proc. It holds no launch lock, so nothing proves it is the
+    run: kill and dump-stacks refuse in one line, through the agent and the CLI, and it lives."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        write_run(root, OLD, stranger.pid, proc_start(stranger.pid), launched=False)
+        agent = agent_factory(root)
+        assert agent.runs()[OLD]["alive"]  # it looks alive: only the lock tells it apart
+        refusal = f"pid {stranger.pid} does not hold {root / '.launch.lock'}"
+        for cmd in (
+            {"cmd": "kill", "run_id": OLD, "timeout_s": 2, "drain_timeout_s": 1},
+            {"cmd": "dump_stacks", "run_id": OLD, "timeout_s": 2, "pyspy": False},
+        ):
+            got = agent.request(cmd)
+            error = one_line(got["error"])
+            assert got["ok"] is False and refusal in error and error.endswith("not signalled")
+        where = ["local", "--run-root", str(root), "--remote-dir", str(tmp_path / "remote")]
+        r = subprocess.run(
+            [sys.executable, "-m", "dflash_tui", "kill", *where, "--run", OLD, "--timeout", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode != 0 and refusal in one_line(r.stderr), r
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the stranger was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_trainer_started_by_hand_holds_the_launch_lock(agent_factory, tmp_path):  # noqa: F811
+    """`python -m trainer` started by hand takes the run root's launch lock as a launch does:
+    a second one there is refused in one line (exit 2), and the agent proves the first by the
+    lock and kills it."""
+    root = tmp_path / "runs"
+    tiny = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
+    argv = [sys.executable, "-m", "trainer", "--config", str(tiny), "--run-root", str(root)]
+    argv += ["--max-steps", "100000", "--set", "runtime.wandb_mode=disabled"]
+    out = open(tmp_path / "trainer.out", "wb")  # noqa: SIM115  (closed below)
+    trainer = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.glob("*/heartbeat.json")):
+            assert trainer.poll() is None, (tmp_path / "trainer.out").read_text()
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.1)
+        (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+        assert json.loads((root / ".active.json").read_text())["run_id"] == run_dir.name
+        second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second
+        line = one_line(second.stderr)
+        assert line == (
+            f'error: "{root}": run {run_dir.name} is alive there (it holds .launch.lock): '
+            "one run per run root; stop it or use another"
+        )
+        assert [p for p in root.iterdir() if p.is_dir()] == [run_dir]  # no run dir made
+        agent = agent_factory(root)
+        killed = agent.request({"cmd": "kill", "run_id": run_dir.name, "timeout_s": 60})
+        assert killed["ok"], killed
+        assert killed["data"]["pids"][0] == trainer.pid
+        assert trainer.wait(60) is not None
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        trainer.wait()
+        out.close()
+
+
 def test_the_cli_refuses_in_one_line_and_signals_nothing(recorders, tmp_path):
     """`dflash-tui kill local --run OLD` and `dflash-tui dump-stacks` as an operator runs them."""
     root = tmp_path / "runs"
