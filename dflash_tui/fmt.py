@@ -35,7 +35,7 @@ def implausible(value: Any, limit: float = PLAUSIBLE_MAX, negative: bool = False
     (implausible)`, `NaN (implausible)`, `-3e+05 (implausible)`, `? (not a number)`)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "? (not a number)"
-    if math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
         return f"NaN {IMPLAUSIBLE}"
     if value > limit:
         return f">{limit:.0e} {IMPLAUSIBLE}".replace("e+", "e")

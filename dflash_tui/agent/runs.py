@@ -260,6 +260,14 @@ def _is_real(path: str, kind: int) -> bool:
         return False
 
 
+def _is_there_not_a_file(path: str) -> bool:
+    """Something other than a regular file is at `path` (a folder, a FIFO, a symlink)."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class AliveProbe:
     """`RunRoot.alive_run` for the agent's loop, which must never sleep (a line waiting to go
     out waited with it: 40 ms once a second while a run held the lock, issue 32). Each
@@ -458,6 +466,9 @@ class RunRoot:
             # Only these summaries quote the logs: read them only for these runs.
             outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d), resume)
         best, last, steps = self._metrics_summary(run_id, d)
+        for name in (METRICS, TRAIN_LOG):  # followed, not decoded: refused if not a file
+            if _is_there_not_a_file(os.path.join(d, name)):
+                unreadable.append(name)
         name = config.get("name") if config is not None else None
         return RunInfo(
             run_id=run_id,
