@@ -291,3 +291,27 @@ def test_absurd_figures_are_bounded_and_labelled(
         assert not DIGITS.search(text), text
     if shown is not None and shown.tok_s == tok_s:  # the contract took it: the view labels it
         assert "(implausible) tok/s" in line, line
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "folder"])
+def test_the_wrapper_records_its_trainer_past_a_planted_launch_json(tmp_path: Path, kind: str):
+    """The launch wrapper adds the trainer's pid to launch.json (agent/wrap.py): a FIFO there
+    never blocks it (it is replaced), a folder is said in one line and the wrapper goes on
+    to wait for its trainer."""
+    d = tmp_path / "run"
+    d.mkdir()
+    plant(d / "launch.json", kind)
+    code = f"from dflash_tui.agent.wrap import update_launch; update_launch({str(d)!r}, pid=7)"
+    env = {**piped_env(), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT, env=env)  # fmt: skip
+    assert r.returncode == 0 and r.stderr == "", r
+    if kind == "FIFO":
+        assert json.loads((d / "launch.json").read_text()) == {"run_id": "run", "pid": 7}
+    else:
+        assert one_line_of(r.stdout).startswith(f"could not record the trainer in {d}/launch.json")
+
+
+def one_line_of(text: str) -> str:
+    assert text.strip() and "\n" not in text.strip(), text
+    return text.strip()
