@@ -315,3 +315,45 @@ def test_the_wrapper_records_its_trainer_past_a_planted_launch_json(tmp_path: Pa
 def one_line_of(text: str) -> str:
     assert text.strip() and "\n" not in text.strip(), text
     return text.strip()
+
+
+def test_the_tui_panes_show_absurd_figures_bounded(followed: Followed) -> None:
+    """The same figures through the TUI (Pilot): the header, the heartbeat and the queues
+    panes say `>1e12 (implausible)`, and nothing on screen is a run of 16 digits or more."""
+    import asyncio
+    import io
+
+    from monitor_helpers import typed_event
+    from rich.console import Console
+
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.targets import Target
+
+    r = followed.remote
+    hb = seed_json("heartbeat.json")
+    hb.update(tok_s=1e308, step=10**400, phase="training", now=time.time())
+    hb["queues"]["q_pre"][0]["depth"] = 10**400
+    followed.replace("heartbeat.json", json.dumps(hb).encode())
+    r.wait(lambda s: s.heartbeat is not None and s.heartbeat.step == 10**400, 10, "the heartbeat")
+    with r._lock:
+        events = list(r.events)
+
+    def plain(widget: Any) -> str:
+        console = Console(width=200, record=True, file=io.StringIO(), color_system=None)
+        console.print(widget.content)
+        return console.export_text()
+
+    async def go() -> str:
+        app = DFlashApp(Target(name="local", kind="local"), theme_name="dark", connect=False)
+        async with app.run_test(size=(160, 50)) as pilot:
+            for e in events:
+                app.feed(typed_event(e))
+            app.redraw(force=True)
+            await pilot.pause(0.3)
+            assert app.is_running
+            return "\n".join(plain(w) for w in app.screen.query("Static") if w.display)
+
+    text = asyncio.run(go())
+    assert "step >1e12 (implausible)" in text and ">1e12 (implausible) tok/s" in text, text
+    assert ">1e12 (implausible)/8" in text, text  # the queues pane
+    assert not DIGITS.search(text), DIGITS.search(text)

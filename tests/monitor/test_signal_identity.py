@@ -495,7 +495,9 @@ def test_fifos_never_block_the_agent(agent_factory, tmp_path):  # noqa: F811
     t0 = time.monotonic()
     runs = agent.runs()  # heartbeat, exit, launch, metrics and the lock are all FIFOs
     assert set(runs) == {run.name}
-    assert sorted(runs[run.name]["unreadable"]) == ["exit.json", "heartbeat.json", "launch.json"]
+    assert sorted(runs[run.name]["unreadable"]) == [
+        "exit.json", "heartbeat.json", "launch.json", "metrics.jsonl", "train.log"
+    ]
     got = agent.request({"cmd": "read_file", "run_id": run.name, "name": "train.log"}, timeout=5)
     assert one_line(got["error"]) == (f"{run / 'train.log'} is a FIFO, not a regular file: refused")
     assert agent.request({"cmd": "follow", "run_id": run.name}, timeout=5)["ok"]
