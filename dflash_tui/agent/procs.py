@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from trainer.contract.lock_holder import holds_flock
+
 # Indexes into the fields after the command name in /proc/PID/stat (field 3 is index 0).
 _STATE = 0  # field 3: R, S, D, Z, ...
 _PPID = 1  # field 4
@@ -103,32 +105,3 @@ def group_pids(pgid: int) -> list[int]:
 
 def ticks_to_s(ticks: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def holds_flock(pid: int, path: str) -> bool | None:
-    """Whether the process holds the flock on `path` itself: one of its descriptors is open on
-    that file and its open file description holds the lock (the `lock:` line the kernel shows
-    in /proc/PID/fdinfo/FD for that description only). None when its descriptors cannot be
-    read (another user's process)."""
-    try:
-        target = os.stat(path)
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except PermissionError:
-        return None
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) != (target.st_dev, target.st_ino):
-            continue
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                info = f.read(65536).decode("ascii", "replace")
-        except OSError:
-            continue
-        if any(line.startswith("lock:") and " FLOCK " in line for line in info.splitlines()):
-            return True
-    return False

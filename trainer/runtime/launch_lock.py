@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from trainer.config import ConfigError, show_path
+from trainer.contract.lock_holder import holds_flock
 from trainer.contract.records import ACTIVE, LAUNCH_LOCK, write_json_atomic
 
 # A liveness probe of an agent holds the lock for microseconds, once a second: tries this
@@ -30,28 +31,6 @@ from trainer.contract.records import ACTIVE, LAUNCH_LOCK, write_json_atomic
 TRIES = 25
 PAUSE_S = 0.02
 _PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-
-
-def _held_already(lock: Path) -> bool:
-    """Whether one of this process's descriptors is open on `lock` and holds its flock (the
-    lock the agent's launch handed down: /proc shows a `lock:` line for that description)."""
-    try:
-        target = os.stat(lock, follow_symlinks=False)
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/self/fd/{fd}")
-            if (st.st_dev, st.st_ino) != (target.st_dev, target.st_ino):
-                continue
-            with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
-                info = f.read(65536).decode("ascii", "replace")
-        except OSError:
-            continue
-        if any(ln.startswith("lock:") and " FLOCK " in ln for ln in info.splitlines()):
-            return True
-    return False
 
 
 def _holder(run_root: Path) -> str:
@@ -80,7 +59,7 @@ def hold(run_root: Path) -> int | None:
     regular file."""
     lock = run_root / LAUNCH_LOCK
     where = show_path(lock)
-    if _held_already(lock):
+    if holds_flock("self", lock):  # the lock the agent's launch handed down
         return None
     try:
         run_root.mkdir(parents=True, exist_ok=True)
