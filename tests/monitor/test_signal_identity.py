@@ -315,6 +315,47 @@ def test_a_forged_heartbeat_naming_a_stranger_is_refused_and_the_stranger_lives(
         stranger.wait()
 
 
+# A processes-mode job started by hand: the torchrun launcher holds the lock, and the job's
+# heartbeat names the writer rank, its child in the same group. Prints the child's pid.
+LOCK_HOLDING_LAUNCHER = r"""
+import fcntl, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+child = subprocess.Popen(["sleep", "300"])  # close_fds: the rank does not hold the lock
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_job_by_hand_is_proven_by_its_launcher_holding_the_lock(
+    agent_factory,  # noqa: F811
+    tmp_path,
+):
+    root = tmp_path / "runs"
+    root.mkdir()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDING_LAUNCHER, str(root / ".launch.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        rank = int(launcher.stdout.readline())
+        d = write_run(root, OLD, rank, proc_start(rank), launched=False)
+        hb = json.loads((d / "heartbeat.json").read_text())
+        (d / "heartbeat.json").write_text(json.dumps({**hb, "pgid": launcher.pid}))
+        agent = agent_factory(root)
+        got = agent.request({"cmd": "kill", "run_id": OLD, "timeout_s": 10, "drain_timeout_s": 1})
+        assert got["ok"], got
+        assert sorted(got["data"]["pids"]) == sorted([launcher.pid, rank])
+        assert launcher.wait(10) is not None
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+
+
 def test_a_trainer_started_by_hand_holds_the_launch_lock(agent_factory, tmp_path):  # noqa: F811
     """`python -m trainer` started by hand takes the run root's launch lock as a launch does:
     a second one there is refused in one line (exit 2), and the agent proves the first by the
@@ -496,7 +537,11 @@ def test_fifos_never_block_the_agent(agent_factory, tmp_path):  # noqa: F811
     runs = agent.runs()  # heartbeat, exit, launch, metrics and the lock are all FIFOs
     assert set(runs) == {run.name}
     assert sorted(runs[run.name]["unreadable"]) == [
-        "exit.json", "heartbeat.json", "launch.json", "metrics.jsonl", "train.log"
+        "exit.json",
+        "heartbeat.json",
+        "launch.json",
+        "metrics.jsonl",
+        "train.log",
     ]
     got = agent.request({"cmd": "read_file", "run_id": run.name, "name": "train.log"}, timeout=5)
     assert one_line(got["error"]) == (f"{run / 'train.log'} is a FIFO, not a regular file: refused")
