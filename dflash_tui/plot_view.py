@@ -139,7 +139,7 @@ def move_cursor(rows: Sequence[Row], step: int | None, by: int) -> int | None:
 
 
 def _number(v: float | None, digits: int) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
+    return "—" if v is None else fmt.real(v, digits)  # bounded: a row may say 1e308
 
 
 def readout(
@@ -163,10 +163,10 @@ def readout(
             raw = [float(getattr(r, name)) for r in rows[: i + 1]]
             text = _number(raw[-1], digits)
             if smoothing > 0:
-                text += f" ≈{ema(raw, smoothing)[-1]:.{digits}f}"
+                text += f" ≈{fmt.real(ema(raw, smoothing)[-1], digits)}"
             return text
 
-        parts.append(f"step {row.step} · {minutes(row):.1f} min")
+        parts.append(f"step {fmt.count(row.step)} · {fmt.real(minutes(row), 1)} min")
         parts.append(fmt.rate(row.tok_s))
         parts.append(f"loss {value('loss', 3)}")
         parts.append(f"acc {value('acc', 3)}")

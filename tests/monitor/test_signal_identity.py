@@ -449,7 +449,8 @@ def test_symlinks_planted_in_the_run_root_are_refused_not_followed(
     runs = next(e for e in agent.seen[n:] if e["type"] == "runs")["runs"]
     assert [r["run_id"] for r in runs] == [good.name]  # evil is no run
     assert listed["data"]["refused"] == {"evil": f"a symlink to {secret}: not a run, not followed"}
-    assert runs[0]["unreadable"] == ["heartbeat.json"]  # named, never read through
+    # named, never read through
+    assert runs[0]["unreadable"] == ["heartbeat.json", "metrics.jsonl", "train.log"]
 
     for run_id, name in (
         ("evil", "train.log"),
