@@ -8,6 +8,7 @@ Pure Python: widgets/plots.py draws what this decides.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,7 +82,11 @@ def minutes(row: Row) -> float:
 
 
 def x_of(row: Row, axis: str) -> float:
-    return minutes(row) if axis == TIME else float(row.step)
+    if axis == TIME:
+        return minutes(row)
+    # A step no run reaches (a hostile row's 400 digits) has no place on the axis: NaN, which
+    # the plots leave out, where float() would raise.
+    return float(row.step) if abs(row.step) <= fmt.PLAUSIBLE_MAX else math.nan
 
 
 def xlabel(axis: str) -> str:

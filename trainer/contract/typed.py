@@ -140,7 +140,10 @@ def _decode_scalar(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise Invalid(f"{name}: expected a number, got {_type_name(value)}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 309 digits or more: no float holds it
+            raise Invalid(f"{name}: an integer of {value.bit_length()} bits: too large") from None
     if tp is str:
         if not isinstance(value, str):
             raise Invalid(f"{name}: expected a string, got {_type_name(value)}")
