@@ -140,10 +140,19 @@ def profile_run(decode: HeldOutDecode, device: torch.device, name: str) -> dict[
         if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
             key = e.name[:90]
             by_kernel[key] = by_kernel.get(key, 0.0) + e.device_time_total / 1e3
+    if device.type == "cuda" and name.endswith("eager"):  # the ops behind the kernels
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=40,
+            max_shapes_column_width=70,
+        )  # fmt: skip
+        print("\n".join(f"  OPS {line}" for line in table.splitlines()), flush=True)
     total = sum(by_kernel.values())
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
-    print(f"  PROFILE {name}: wall {wall * 1e3:.0f} ms, kernels {total:.0f} ms "
-          f"({len(by_kernel)} kinds)", flush=True)
+    print(
+        f"  PROFILE {name}: wall {wall * 1e3:.0f} ms, kernels {total:.0f} ms "
+        f"({len(by_kernel)} kinds)",
+        flush=True,
+    )
     for k, ms in top:
         print(f"  PROFILE   {ms:8.1f} ms  {k}", flush=True)
     return {"wall_ms": round(wall * 1e3, 1), "kernel_ms": round(total, 1),
@@ -159,6 +168,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="the rows as JSON")
     p.add_argument("--profile", action="store_true", help="kernel time of one run of each mode")
     p.add_argument("--no-loop", action="store_true", help="skip the one-prompt-at-a-time loop")
+    p.add_argument("--eager-only", action="store_true", help="no CUDA-graph mode")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
     t0 = time.monotonic()
@@ -188,7 +198,7 @@ def main() -> int:
             steps = len(ref.total().accepted)
             results.append(report("one prompt at a time (before)", [t], None, ref, None, steps))
         modes = [("batched, eager", "off")]
-        if device.type == "cuda":
+        if device.type == "cuda" and not args.eager_only:
             modes.append(("batched, CUDA graph", "on"))
         for name, graphs in modes:
             decode = HeldOutDecode(model, drafter, prompts, new, graphs, log=print)

@@ -32,7 +32,8 @@ def main() -> int:
         return 2
     steps = sorted(set(ref) & set(other))
     for s in steps:
-        print(f"step {s:5d}  reference {ref[s]:.4f}  other {other[s]:.4f}  diff {other[s] - ref[s]:+.4f}")
+        diff = other[s] - ref[s]
+        print(f"step {s:5d}  reference {ref[s]:.4f}  other {other[s]:.4f}  diff {diff:+.4f}")
     worst = max((abs(other[s] - ref[s]) for s in steps), default=float("nan"))
     print(f"LOSSDIFF {args.name or args.other.stem} max_abs={worst:.4f} steps={len(steps)}")
     return 0

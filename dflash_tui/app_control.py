@@ -10,6 +10,7 @@ table's actions (widgets/thread_table.py) start theirs here as well.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from dflash_tui.widgets.replay import REFUSED
 from dflash_tui.widgets.restart_dialog import RestartDialog
 from dflash_tui.widgets.screens import RunsScreen, TextScreen
 from trainer.contract.protocol import Progress
+from trainer.contract.records import LAUNCH_CONFIG
 
 
 class RunControl:
@@ -100,7 +102,8 @@ class RunControl:
     async def restart_offer(self) -> Offer:
         """What restart offers in the followed run's state (restart_offer.py), with the files
         that state needs read through the agent: a run that died before start, its
-        launch.json (the overrides to edit); a finished one, its config.json (the lr)."""
+        launch.json (the overrides to edit) and launch-config.toml (what they are checked
+        against); a finished one, its config.json (the lr)."""
         app = self.app
         first = offer(app.store, None)
         if first.state not in (DIED_BEFORE_START, CONTINUE) or app.store.run_id is None:
@@ -111,7 +114,11 @@ class RunControl:
         except (LinkError, ControlError):
             text = None  # said in the dialog (no overrides to edit, the lr in words only)
         if first.state == DIED_BEFORE_START:
-            return offer(app.store, launch_record(text))
+            try:  # the config the edited overrides are checked against before the relaunch
+                config = (await control.read_file(app.link, LAUNCH_CONFIG, app.store.run_id)).text
+            except (LinkError, ControlError):
+                config = None  # then each is checked as KEY=VALUE only
+            return dataclasses.replace(offer(app.store, launch_record(text)), config_toml=config)
         return offer(app.store, None, text)
 
     def restart(self) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import trainer
+from dflash_tui.agent.deploy import name_clash
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.state import Store
 from trainer.contract.checkpoints import ResumePoint
@@ -51,12 +52,15 @@ from trainer.contract.protocol import (
 )
 from trainer.contract.protocol import Progress as ProgressEvent
 from trainer.contract.records import ExitRecord
+from trainer.contract.textfile import TextFileError, read_text_file
 from trainer.contract.typed import Invalid, decode
 
 TRAINER_DIR = Path(trainer.__file__).resolve().parent
 ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.bin$")
 Progress = Callable[[ProgressEvent], None]
 A = TypeVar("A")
+# What a restart reads back of the shipped config (agent/commands.py reads 1 MiB of it).
+MAX_LAUNCH_CONFIG_BYTES = 1 << 20
 
 
 class Requester(Protocol):
@@ -101,18 +105,28 @@ def build_bundle() -> tuple[bytes, str, int]:
             count += 1
         except ImportError:
             pass
-    return buf.getvalue(), code_hash(TRAINER_DIR), count
+    blob = buf.getvalue()
+    # The agent refuses an archive whose names clash (agent/deploy.py); say so here first,
+    # naming the local file, rather than after shipping it.
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        clash = name_clash(tar.getmembers())
+    if clash is not None:
+        raise ControlError(f"deploy: {TRAINER_DIR}: names clash in what would ship: {clash}")
+    return blob, code_hash(TRAINER_DIR), count
 
 
 async def deploy(
-    link: Requester, on_progress: Progress | None = None, ship_artifacts: bool = True
+    link: Requester,
+    on_progress: Progress | None = None,
+    ship_artifacts: bool = True,
+    make_current: bool = True,
 ) -> dict[str, Any]:
     """Ship the trainer and the agent; then the compile-cache artifacts pulled from GPU runs
-    (`pull_artifacts`), so the host's first run starts warm."""
+    (`pull_artifacts`), so the host's first run starts warm. `make_current` False: the
+    release only lands beside the current one (`restart(release=...)` switches to it)."""
     blob, sha, count = build_bundle()
-    data = await link.request(
-        Deploy(tar_b64=base64.b64encode(blob).decode(), sha256=sha), on_progress=on_progress
-    )
+    cmd = Deploy(tar_b64=base64.b64encode(blob).decode(), sha256=sha, make_current=make_current)
+    data = await link.request(cmd, on_progress=on_progress)
     data["files"] = count
     data["artifacts"] = await push_artifacts(link, local_artifacts_dir()) if ship_artifacts else []
     return data
@@ -202,15 +216,17 @@ async def push_artifacts(link: Requester, src: Path) -> list[str]:
 def read_config(path: Path) -> tuple[str, str]:
     """(TOML text, run name), checked here so a typo fails before anything is shipped."""
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ControlError(f"--config {path}: no such file") from None
-    except OSError as e:
-        raise ControlError(f"--config {path}: {e.strerror}") from None
+        text = read_text_file(path, f"--config {path}", MAX_LAUNCH_CONFIG_BYTES)
+    except TextFileError as e:
+        raise ControlError(str(e)) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ControlError(f"--config {path}: {e}") from None
+        raise ControlError(f"--config {path}: not TOML ({e})") from None
+    except (ValueError, RecursionError) as e:  # an integer over 4300 digits, deep nesting
+        raise ControlError(
+            f"--config {path}: not TOML ({str(e)[:200] or 'nested too deep'})"
+        ) from None
     name = data.get("name")
     return text, name if isinstance(name, str) else path.stem
 
@@ -301,11 +317,17 @@ class Restarted:
     more_steps: int = 0  # a continued run: this many steps more, to max_steps
     max_steps: int | None = None
     lr: str = ""  # what its learning rate does (held, or a new schedule)
+    release: str | None = None  # restart --deploy: the code sha256 it now runs
 
     def describe(self) -> str:
         """`restarted as NEW, resuming from checkpoints/step-00000105.pt (step 105) of
         PARENT`; or why it starts at step 0, with each checkpoint passed over and why; a
-        continued run says to which step, and what its learning rate does."""
+        continued run says to which step, and what its learning rate does; a redeployed one
+        on which release."""
+        text = self.said()
+        return text if self.release is None else f"{text}, on release {self.release[:16]}"
+
+    def said(self) -> str:
         head = f"restarted as {self.launched.run_id}"
         if self.more_steps and self.resume is not None and self.resume.name is not None:
             return (
@@ -399,9 +421,11 @@ def restart_command(
     overrides: list[str] | None = None,
     more_steps: int = 0,
     new_schedule: bool = False,
+    release: str | None = None,
 ) -> Restart:
     """`overrides`: instead of the parent's (None: its own); `more_steps`: continue its final
-    checkpoint that many steps further, the lr held unless `new_schedule`."""
+    checkpoint that many steps further, the lr held unless `new_schedule`; `release`: the
+    code sha256 of a release deployed beside `current` (restart --deploy)."""
     kill = kill_command(run_id, timeout_s, drain_timeout_s)
     return Restart(
         run_id=kill.run_id,
@@ -412,6 +436,7 @@ def restart_command(
         overrides=None if overrides is None else check_overrides(overrides),
         more_steps=more_steps,
         new_schedule=new_schedule,
+        release=release,
     )
 
 
@@ -466,13 +491,23 @@ async def restart(
     overrides: list[str] | None = None,
     more_steps: int = 0,
     new_schedule: bool = False,
+    release: str | None = None,
 ) -> Restarted:
     """Kill (when alive), wait for GPU memory, launch the same config and overrides in a new
     run dir, continuing the run's newest good checkpoint (`fresh`: from step 0); the new
     run's first heartbeat is waited for too. `overrides` replace the parent's; `more_steps`
-    continues a finished run (restart_command)."""
+    continues a finished run; `release` launches a release deployed beside `current`, once
+    the host has imported it (restart_command)."""
     cmd = restart_command(
-        run_id, timeout_s, drain_timeout_s, fresh, node, overrides, more_steps, new_schedule
+        run_id,
+        timeout_s,
+        drain_timeout_s,
+        fresh,
+        node,
+        overrides,
+        more_steps,
+        new_schedule,
+        release,
     )
     return _answer(Restarted, cmd, await link.request(cmd, on_progress=on_progress))
 

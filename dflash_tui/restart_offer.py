@@ -5,8 +5,9 @@ draws it; app_control.py sends the choice through control.restart).
 - alive: resume from where it stops (it checkpoints as it stops), or step 0;
 - stopped, crashed or killed with a good checkpoint: resume from it, or step 0;
 - no good checkpoint: step 0 only (one choice, not two that do the same);
-- died before start: step 0 with the launch's overrides, each one kept, edited or dropped
-  (the one the error names marked): a relaunch as it was would die the same way;
+- died before start: step 0 with the launch's overrides, each one kept, edited or dropped,
+  and one more added (the one the error names marked): a relaunch as it was would die the
+  same way; the list is checked against the launch's config before anything is sent;
 - finished: continue N more steps (a new run resuming the final checkpoint), or a new run
   from step 0; never a "resume" that trains nothing.
 
@@ -46,6 +47,7 @@ class Offer:
     overrides: list[str] | None = None  # the launch's, editable (died before start)
     offending: list[int] = dataclasses.field(default_factory=list)  # indexes the error names
     error: str = ""  # the run's error line (died before start)
+    config_toml: str | None = None  # its launch-config.toml: the edited overrides checked
     steps: int = 0  # a finished run's last step (the default of more steps)
     lr_held: str = ""  # a continue's lr, held (words)
     lr_new: str = ""  # … with a new schedule, for N steps: format(n=N, end=step)
@@ -141,7 +143,7 @@ def offer(s: Store, launch: LaunchRecord | None, config_text: str | None = None)
             DIED_BEFORE_START,
             run_id,
             f"Run {run_id} died before its first step: relaunching it as it was dies the same "
-            "way. Keep, edit or empty (drop) each override, then relaunch from step 0.",
+            "way. Keep, edit or drop each override (or add one), then relaunch from step 0.",
             fresh_label="Relaunch from step 0 with the overrides below",
             overrides=overrides,
             offending=offending(overrides or [], error),

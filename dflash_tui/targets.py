@@ -24,6 +24,7 @@ GROUP`, dflash_tui/commands/groups.py), each a named target:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -35,9 +36,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from trainer.contract.nodes import MAX_NODES, master_invalid
+from trainer.contract.textfile import TextFileError, read_text_file
 
 _ALIAS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")
 _CTID = re.compile(r"^\d+$")
+MAX_USER_CONFIG_BYTES = 1 << 20  # a few named targets and groups
 
 
 class TargetError(ValueError):
@@ -58,6 +61,8 @@ class Target:
     identity: str | None = None
     known_hosts: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # False only by --insecure-no-host-key-check, never by a file (link/hostkeys.py)
+    check_host_key: bool = True
 
     @property
     def effective_run_root(self) -> str:
@@ -101,14 +106,18 @@ def parse_target(text: str) -> Target:
     if text in ("", "local"):
         return Target(name="local", kind="local")
     if text.startswith("ssh://"):
-        u = urlsplit(text)
-        if not u.hostname:
+        try:
+            u = urlsplit(text)
+            host = u.hostname
+        except ValueError as e:  # an unbalanced [ or ] ("Invalid IPv6 URL")
+            raise TargetError(f"target {text!r}: {e}") from None
+        if not host:
             raise TargetError(f"target {text!r}: no host")
         try:
             port = u.port
         except ValueError:
             raise TargetError(f"target {text!r}: bad port") from None
-        return Target(name=text, kind="ssh", host=u.hostname, port=port, user=u.username)
+        return Target(name=text, kind="ssh", host=host, port=port, user=u.username)
     if "://" in text or not _ALIAS.match(text):
         raise TargetError(
             f"target {text!r}: expected local, ssh://[user@]host[:port] or an ssh alias"
@@ -123,12 +132,61 @@ def user_config_path() -> Path:
 
 
 def _user_config(path: Path) -> dict[str, Any]:
+    """The config file parsed and its targets checked; a missing file is no targets. A file
+    that is no regular file, too large, not UTF-8 or not TOML, or a target key of the wrong
+    type, is one TargetError line naming the file and the key."""
     try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
+        text = read_text_file(path, str(path), MAX_USER_CONFIG_BYTES)
+    except TextFileError as e:
+        if not path.exists() and not path.is_symlink():
+            return {}
+        raise TargetError(str(e)) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TargetError(f"{path}: {e}") from None
+        raise TargetError(f"{path}: not TOML ({e})") from None
+    except (ValueError, RecursionError) as e:  # an integer over 4300 digits, deep nesting
+        raise TargetError(f"{path}: not TOML ({str(e)[:200] or 'nested too deep'})") from None
+    targets = data.get("targets", {})
+    if not isinstance(targets, dict):
+        raise TargetError(f"{path}: [targets] must be a table of named targets")
+    for name, keys in targets.items():
+        _check_target_keys(path, name, keys)
+    return data
+
+
+def _check_target_keys(path: Path, name: str, keys: Any) -> None:
+    """Each known key of `[targets.NAME]` has its type (unknown keys are named when the
+    target is used: `resolve_target`)."""
+    where = f"{path}: targets.{name}"
+    if not isinstance(keys, dict):
+        raise TargetError(f"{where}: must be a table ([targets.{name}] with its keys)")
+    for key, value in keys.items():
+        if key == "pct":
+            ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+                isinstance(value, str) and _CTID.match(value) is not None
+            )
+            rule = "a container id (a number)"
+        elif key == "baseline_tok_s":
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            )
+            rule = "a number of tokens/s > 0"
+        elif key in _KEYS:
+            ok = isinstance(value, str)
+            rule = "a string"
+        else:
+            continue
+        if not ok:
+            raise TargetError(f"{where}.{key} = {_shown(value)}: must be {rule}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_user_targets(path: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -226,6 +284,7 @@ def resolve_target(
     identity: str | None = None,
     known_hosts: str | None = None,
     config_path: Path | None = None,
+    check_host_key: bool = True,
 ) -> Target:
     """The target a command line names, with the user's named target underneath it."""
     named = load_user_targets(config_path)
@@ -235,7 +294,10 @@ def resolve_target(
         unknown = set(saved) - _KEYS
         if unknown:
             raise TargetError(f"targets.{text}: unknown keys {sorted(unknown)}")
-        base = parse_target(str(saved.get("target", text if text != "local" else "local")))
+        try:
+            base = parse_target(str(saved.get("target", text if text != "local" else "local")))
+        except TargetError as e:
+            raise TargetError(f"{config_path or user_config_path()}: targets.{text}: {e}") from None
         base = replace(base, name=text)
     else:
         base = parse_target(text)
@@ -256,6 +318,7 @@ def resolve_target(
         python=pick(python, "python"),
         identity=pick(identity, "identity"),
         known_hosts=pick(known_hosts, "known_hosts"),
+        check_host_key=check_host_key,
         extra={k: v for k, v in saved.items() if k in ("theme", "baseline_tok_s")},
     )
     for key in ("remote_dir", "run_root", "python"):

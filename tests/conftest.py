@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -149,7 +149,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 class TrainerProcess:
     """A real `python -m trainer` process, its stdout going to a file as under nohup."""
 
-    def __init__(self, run_root: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_root: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,  # limits set in the child (RLIMIT_FSIZE)
+    ) -> None:
         import os
         import subprocess
 
@@ -164,6 +170,7 @@ class TrainerProcess:
             stderr=subprocess.STDOUT,
             cwd=ROOT,
             env={**os.environ, **(env or {})},
+            preexec_fn=preexec_fn,  # noqa: PLW1509 (setrlimit and signal only: safe after fork)
         )
         self.run_dir = self._find_run_dir(before)
 

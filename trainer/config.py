@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from trainer.contract.textfile import TextFileError, read_text_file
+
 
 class ConfigError(ValueError):
     """A bad config file, key or value; the message is one line and names it."""
@@ -122,6 +124,9 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 0  # 0 = only at the end
+    # After each save, keep the newest N checkpoints and the one with the best held-out τ,
+    # never the resume point; 0 = keep every one (a deletion is not undone, so opt in).
+    keep_checkpoints: int = 0
     # "auto": flex on CUDA, sdpa on CPU (flex has no CPU backward).
     attention: str = "auto"
     # torch.compile each drafter layer on CUDA (fused norms, RoPE, SwiGLU; flex inlined).
@@ -257,6 +262,10 @@ RULES: dict[str, tuple[Callable[[float], bool], str]] = {
     "train.seed": (lambda v: v >= 0, _NON_NEGATIVE_INT),
     "train.log_every": (lambda v: v >= 1, _POSITIVE_INT),
     "train.checkpoint_every": (lambda v: v >= 0, "must be a non-negative integer (0 = at the end)"),
+    "train.keep_checkpoints": (
+        lambda v: v >= 0,
+        "must be a non-negative integer (0 = keep every checkpoint)",
+    ),
     "eval.every": (lambda v: v >= 0, "must be 0 (never) or a number of steps"),
     "eval.prompts": (lambda v: v >= 1, _POSITIVE_INT),
     "eval.new_tokens": (lambda v: 2 <= v <= 100_000, "must be an integer in [2, 100000]"),
@@ -544,17 +553,9 @@ def check_mask_token(cfg: Config, mask_id: int, vocab_size: int) -> None:
 def _read_toml(path: Path) -> dict[str, Any]:
     name = show_path(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"config: file {name}: not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config: file {name}: is a directory") from None
-    except OSError as e:
-        raise ConfigError(f"config: file {name}: cannot read it ({e.strerror or e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config: file {name}: not UTF-8 text (byte {e.start})") from None
+        text = read_text_file(path, f"config: file {name}")
+    except TextFileError as e:
+        raise ConfigError(str(e)) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -32,6 +32,7 @@ One job per module:
   resume    what a restart continues: a run's newest good checkpoint, read without torch
   kill      stopping a proven run's process group and waiting for its GPU memory
   deploy    unpacking a release, trusted by its hash before any of it runs
+  release_check  restart --deploy's check that a new release imports, before the kill
   export    the trainer's `export` of a run's drafter, run from the release into exports/
   wrap      the detached parent of one trainer run: starts it, writes exit.json
   oom       after a SIGKILL: the memory cgroup's oom_kill count and the kernel log

@@ -14,13 +14,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from dflash_tui.agent import artifacts
 from dflash_tui.agent.continuation import Continuation, continuation
-from dflash_tui.agent.deploy import deploy
+from dflash_tui.agent.deploy import deploy, make_current, shipped_release
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.export import export
 from dflash_tui.agent.files import Refused, read_after, read_page, read_tail, size_or_zero
@@ -37,13 +38,16 @@ from dflash_tui.agent.rank_stacks import (
     fresh_named_dump,
     rank_places,
 )
+from dflash_tui.agent.release_check import check_release, release_env
 from dflash_tui.agent.runs import RunRoot
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.nodes import NodePlace
 from trainer.contract.protocol import (
+    RELEASE_CHECK_S,
     ClearCompileCache,
     Command,
     Deploy,
+    Deployed,
     DumpStacks,
     ExportDrafter,
     FollowRun,
@@ -208,7 +212,8 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     new run dir: continuing its newest good checkpoint (chosen after the kill, which writes
     one), or from step 0 when `fresh` or when it has none (the answer says which and why).
     `overrides` replace the parent's; `more_steps` continues its final checkpoint that many
-    steps further (continuation.py)."""
+    steps further (continuation.py); `release` launches from a release deployed beside
+    `current`, once it imports (`_checked_release`), and makes it current."""
     _check_node(cmd.node)
     if cmd.overrides is not None and any("\n" in o or "=" not in o for o in cmd.overrides):
         raise CommandError("overrides must be single-line key=value strings", bad_input=True)
@@ -223,6 +228,7 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     if not isinstance(record, LaunchRecord) or config_toml is None:
         raise CommandError(f"run {run_id} was not launched by dflash-tui: nothing to restart from")
     progress = _progress(agent, cmd)
+    release = None if cmd.release is None else _checked_release(agent, cmd.release, progress)
     killed = None
     try:
         proven = prove(agent.runs, run_id, run_dir)
@@ -245,6 +251,9 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
         progress(f"continuing to step {c.max_steps}; {c.lr}")
     if resume is not None:
         progress(resume.describe())
+    if release is not None:
+        make_current(agent.remote_dir, release)
+        progress(f"release {release.sha256[:16]} is current")
     started = launch(
         agent.runs,
         agent.remote_dir,
@@ -256,8 +265,28 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
         progress,
         resume=resume,
         node=cmd.node,
+        release=None if release is None else release.release,
     )
+    if release is not None:
+        more["release"] = release.sha256
     return {"killed": killed, "launched": started, "resume": resume, "fresh": cmd.fresh, **more}
+
+
+def _checked_release(agent: AgentState, sha256: str, progress: Callable[[str], None]) -> Deployed:
+    """restart --deploy: the release shipped beside `current`, imported by the python that
+    launches use, before anything is stopped; one that does not import is refused (bad
+    input: exit 2) and nothing is signalled."""
+    folder = shipped_release(agent.remote_dir, sha256)
+    python = agent.args.python or os.path.abspath(sys.executable)
+    progress(f"import check of release {sha256[:16]} with {python}")
+    started = time.monotonic()
+    why = check_release(python, folder, release_env(folder), RELEASE_CHECK_S)
+    if why is not None:
+        raise CommandError(
+            f"release {sha256[:16]} does not import, nothing stopped: {why}", bad_input=True
+        )
+    progress(f"release {sha256[:16]} imports ({time.monotonic() - started:.1f}s)")
+    return Deployed(sha256=sha256, release=folder, at=time.time())
 
 
 def _continuation(run_dir: str, step: int, more: int, new: bool) -> Continuation:

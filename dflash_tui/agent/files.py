@@ -20,6 +20,7 @@ from typing import Any
 from dflash_tui.agent.errors import CommandError
 from trainer.contract.heartbeat import MAX_HEARTBEAT_BYTES, parse_heartbeat
 from trainer.contract.protocol import MAX_TEXT_BYTES, TAIL_BYTES
+from trainer.contract.textfile import file_kind
 from trainer.contract.typed import Unreadable, parse_json, read_bounded
 
 READ_CHUNK = 1 << 20  # bytes read per file per poll: bounded work, bounded latency
@@ -43,15 +44,7 @@ def what_is(path: str) -> str:
             return f"a symlink to {os.readlink(path)}"
         except OSError:
             return "a symlink"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a device"
+    return file_kind(mode)
 
 
 def open_dir(path: str) -> int:

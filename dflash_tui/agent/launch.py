@@ -18,6 +18,7 @@ from typing import Any
 from dflash_tui.agent.artifacts import SHIPPED_DIR
 from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.files import tail_or_empty
+from dflash_tui.agent.release_check import release_env
 from dflash_tui.agent.runs import RunRoot, take_lock
 from dflash_tui.agent.wrap import EXIT_COULD_NOT_START, record_exit
 from trainer.contract.checkpoints import ResumePoint
@@ -55,14 +56,16 @@ def launch(
     progress: Callable[[str], None],
     resume: ResumePoint | None = None,
     node: NodePlace | None = None,
+    release: str | None = None,
 ) -> dict[str, Any]:
     """`resume`: continue that run's checkpoint (`--resume` its run dir: the trainer applies
     the same rule to the same files, and continues the step counter, LR and data order).
     `node`: one host of a job over several: the run dir is `node.run_id` (refused if it is
-    there), and the trainer's environment names its place (trainer/distributed/nodes.py)."""
+    there), and the trainer's environment names its place (trainer/distributed/nodes.py).
+    `release`: this release's folder (restart --deploy's, checked) instead of `current`'s."""
     if resume is not None and resume.name is None:
         resume = None  # no good checkpoint: a fresh start
-    release = release_dir(remote_dir)
+    release = release or release_dir(remote_dir)
     os.makedirs(runs.path, exist_ok=True)
     lock_fd = runs.open_lock(create=True)
     try:
@@ -114,10 +117,7 @@ def launch(
             "--",
             *argv,
         ]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = release + (
-            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-        )
+        env = release_env(release)  # what restart --deploy's import check ran with
         env["PYTHONUNBUFFERED"] = "1"
         # A node's place comes from the command alone: one inherited from the agent's own
         # environment would make a one-host run wait for peers that never come.

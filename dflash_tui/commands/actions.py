@@ -36,7 +36,8 @@ SUMMARIES = {
     "kill": "SIGTERM the run's process group, then SIGKILL; wait for GPU memory",
     "restart": "kill, wait for memory to drain, launch the same config again, continuing "
     "from the run's newest good checkpoint (--fresh: from step 0; --more-steps N: a finished "
-    "run N steps further)",
+    "run N steps further; --set/--drop: edit the launch's overrides; --deploy: on this "
+    "tree's code, checked to import first)",
     "dump-stacks": "SIGUSR1 the trainer and print every thread's stack",
     "clear-cache": "delete the compile cache (refused while a run is alive)",
     "pull-cache": "copy the compile-cache artifacts (code: pull from your own hosts only) "
@@ -99,6 +100,17 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="with --more-steps: a new warmup and cosine over the N steps instead",
         )
+        add_overrides(p, "the new run's override of KEY: replaces the launch's, else added")
+        p.add_argument(
+            "--drop",
+            dest="drops",
+            action="append",
+            default=[],
+            metavar="KEY",
+            help="launch the new run without the launch's override of KEY (repeatable): a run "
+            "that died before its first step of a bad --set",
+        )
+        add_redeploy(p)
     if name == "dump-stacks":
         p.add_argument("--no-pyspy", action="store_true", help="skip py-spy even if present")
     if name == "deploy":
@@ -107,6 +119,17 @@ def add_options(p: argparse.ArgumentParser, name: str) -> None:
             action="store_true",
             help="do not ship the compile-cache artifacts pulled with pull-cache",
         )
+
+
+def add_redeploy(p: argparse.ArgumentParser) -> None:
+    """restart --deploy: ship this tree first, and restart on it only once it imports."""
+    p.add_argument(
+        "--deploy",
+        action="store_true",
+        help="first ship this tree's trainer as a new release (not yet current), have the "
+        "host import it, and only then stop the run with a checkpoint and resume it on the "
+        "new release; a release that does not import is refused, the run left running",
+    )
 
 
 def more_steps(text: str) -> int:
@@ -121,24 +144,30 @@ def more_steps(text: str) -> int:
 
 
 def check_restart(args: argparse.Namespace) -> None:
-    """--more-steps continues a checkpoint: not with --fresh; --new-schedule only with it."""
+    """--more-steps continues a checkpoint: not with --fresh; --new-schedule only with it;
+    each --set is KEY=VALUE."""
     from dflash_tui.control import ControlError
 
     if args.new_schedule and not args.more_steps:
         raise ControlError("--new-schedule: only with --more-steps N")
     if args.more_steps and args.fresh:
         raise ControlError("--more-steps continues the final checkpoint: not with --fresh")
+    from dflash_tui.restart_edits import set_errors
+
+    bad = set_errors(args.overrides)  # the values are checked against the run's config
+    if bad:
+        raise ControlError("\n".join(bad))
 
 
-def add_overrides(p: argparse.ArgumentParser) -> None:
-    """--set KEY=VALUE: launch's and the demo's."""
+def add_overrides(p: argparse.ArgumentParser, what: str = "config override") -> None:
+    """--set KEY=VALUE: launch's, the demo's and restart's."""
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="config override (repeatable)",
+        help=f"{what} (repeatable)",
     )
 
 
@@ -147,6 +176,9 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 2
     if name in GROUP_COMMANDS:
         group = group_named(args.target)
+        if group is not None and getattr(args, "deploy", False):
+            oneshot.err(f"restart --deploy: one host at a time, not the group {group.name}")
+            return 2
         if group is not None:
             from dflash_tui.commands import groups
 
@@ -225,15 +257,25 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
             return 0 if not k.orphans and not k.gpu_held_by else 1
         elif name == "restart":
             check_restart(args)
+            run_id, overrides = args.run_id, None
+            if args.overrides or args.drops:  # refused here, before anything is stopped
+                from dflash_tui.restart_edits import edited_for
+
+                edit = await edited_for(link, store, run_id, args.overrides, args.drops)
+                run_id, overrides = edit.run_id, edit.overrides
+                oneshot.out(f"{run_id}: the new run's overrides: {' '.join(overrides) or 'none'}")
+            release = await ship_release(link) if args.deploy else None
             r = await control.restart(
                 link,
-                args.run_id,
+                run_id,
                 args.timeout,
                 args.drain_timeout,
                 oneshot.progress,
                 args.fresh,
+                overrides=overrides,
                 more_steps=args.more_steps,
                 new_schedule=args.new_schedule,
+                release=release,
             )
             if r.killed is not None:
                 oneshot.out(f"{r.killed.run_id} {r.killed.describe()}")
@@ -259,6 +301,15 @@ def work(name: str, args: argparse.Namespace) -> oneshot.Work:
         return 0
 
     return job
+
+
+async def ship_release(link: Link) -> str:
+    """restart --deploy's first step: this tree as a release beside `current` -> its sha256."""
+    from dflash_tui import control
+
+    d = await control.deploy(link, oneshot.progress, ship_artifacts=False, make_current=False)
+    oneshot.out(f"shipped {d['files']} files as release {d['sha256'][:16]} (not current yet)")
+    return str(d["sha256"])
 
 
 def subcommand(name: str) -> Subcommand:

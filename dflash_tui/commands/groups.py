@@ -215,6 +215,9 @@ async def restart(group: Group, nodes: list[Node], args: argparse.Namespace) -> 
     if getattr(args, "more_steps", 0) or getattr(args, "new_schedule", False):
         oneshot.err(f"{group.name}: --more-steps continues one host's run, not a group's job")
         return 2
+    if getattr(args, "overrides", None) or getattr(args, "drops", None):
+        oneshot.err(f"{group.name}: --set/--drop edit one host's run, not a group's job")
+        return 2
     old = await job_run(nodes[0], args)
     if old is None:
         return 2

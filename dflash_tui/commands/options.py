@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "python": None,
     "identity": None,
     "known_hosts": None,
+    "insecure_no_host_key_check": False,
     "connect_timeout": None,
     "headless": False,
     "once": False,
@@ -92,6 +93,12 @@ def add_where(
             help="known_hosts file (checking is always on; ssh config's "
             "StrictHostKeyChecking accept-new is honoured, 'no' is refused)",
         )
+        g.add_argument(
+            "--insecure-no-host-key-check",
+            action="store_true",
+            help="connect without checking the host's key at all: any server answering at "
+            "that address is trusted (only for a throwaway host you mean to trust blindly)",
+        )
     if remote and one_shot:
         g.add_argument(
             "--connect-timeout",
@@ -134,8 +141,9 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def target_from(args: argparse.Namespace, text: str | None) -> Target:
     """The target, its ssh config checked up front: a config that would turn host-key
     checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
-    from dflash_tui.link.hostkeys import host_key_policy
+    from dflash_tui.link.hostkeys import host_key_policy, known_hosts
     from dflash_tui.targets import group_names
+    from trainer.contract.textfile import TextFileError
 
     if text and text in group_names():
         raise TargetError(
@@ -151,9 +159,13 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
         python=args.python,
         identity=args.identity,
         known_hosts=args.known_hosts,
+        check_host_key=not args.insecure_no_host_key_check,
     )
-    if target.kind == "ssh":
-        host_key_policy(target)
+    if target.kind == "ssh" and target.check_host_key:
+        try:  # the known_hosts files read now: one that is not text is bad input, exit 2
+            known_hosts(host_key_policy(target))
+        except TextFileError as e:  # not text, too large, or a line asyncssh cannot read
+            raise TargetError(str(e)) from None
     return target
 
 

@@ -11,7 +11,7 @@ what earlier runs say about this one comes from dflash_tui/facts.py. So a findin
 depend on how often a view happens to call `diagnose()`.
 
 The rules live in modules by concern (process, ranks, liveness, training, pipeline, gpus,
-host, kernels, throughput, heldout), each registered with its documentation
+memory, host, kernels, throughput, heldout), each registered with its documentation
 (`registry.rule`); `RULES` below is the order `diagnose()` runs them in. `dflash-tui explain
 CODE` and docs/findings.md are generated from the same registry (`docs.py`).
 """
@@ -38,6 +38,7 @@ from dflash_tui.diagnosis.gpus import (
 )
 from dflash_tui.diagnosis.heldout import eval_failed, eval_plateau, eval_skipped, overfitting
 from dflash_tui.diagnosis.host import (
+    checkpoint_failed,
     disk_short,
     gil_pressure,
     host_memory_short,
@@ -58,6 +59,7 @@ from dflash_tui.diagnosis.liveness import (
     stop_stalled,
     wandb_info,
 )
+from dflash_tui.diagnosis.memory import memory_swing_rule
 from dflash_tui.diagnosis.pipeline import (
     STAGE_SIDES,
     VERDICTS,
@@ -124,9 +126,11 @@ RULES: list[Rule] = [
     graphs_fell_back,
     mostly_padding,
     allocator_retries,
+    memory_swing_rule,
     host_oversubscribed,
     host_memory_short,
     disk_short,
+    checkpoint_failed,
     gil_pressure,
     slow_kernels,
     environment_changed,
@@ -201,6 +205,7 @@ __all__ = [
     "RuleDoc",
     "allocator_retries",
     "below_earlier_runs",
+    "checkpoint_failed",
     "code_mismatch",
     "config_for",
     "crashed",

@@ -81,6 +81,8 @@ class DiagnosisConfig:
     role_memory_frac: float = 0.9  # a GPU holding less than this × its role's usual peak
     held_min_bytes: int = GIB  # memory left on a GPU after the run ended worth naming
     held_grace_s: float = 10.0  # the driver frees memory a few seconds after exit
+    swing_window_s: float = 300.0  # a GPU's used memory over this long …
+    swing_min_bytes: int = 2 * GIB  # … falling this far below a peak it held: a swing
     # counters that must not rise (allocator retries, recompiles)
     rise_window_s: float = 600.0
     # held-out τ (Heartbeat.eval, dflash_tui/evaluation.py)

@@ -18,6 +18,7 @@ from dflash_tui.stages import (
     PIPELINE_ROLES,
 )
 from dflash_tui.state import Store
+from trainer.contract.checkpoints import CheckpointUse
 from trainer.contract.phases import (
     TRAINING,
 )
@@ -109,30 +110,52 @@ def host_memory_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFI
     ]
 
 
+def _checkpoints_to_come(s: Store) -> tuple[CheckpointUse, int, bool] | None:
+    """(the run's checkpoints as on disk, how many it keeps (0: all), whether the size is the
+    trainer's forecast): the runs list's when one is written, else the heartbeat's forecast
+    from step 0 of the disk (none written yet); None when neither says."""
+    hb, run = s.heartbeat, s.current_run()
+    use = run.checkpoints if run is not None else None
+    plan = hb.checkpoints if hb is not None else None
+    keep = plan.keep if plan is not None else 0
+    if use is not None:
+        return use, keep, False
+    if plan is None or hb is None or plan.forecast_bytes <= 0:
+        return None
+    every = plan.every
+    # None written yet: the next is the first multiple of `every` after the current step.
+    return CheckpointUse(0, hb.step, plan.forecast_bytes, every), keep, True
+
+
 @rule(
     Code("disk_short", ("warning", "critical"), "the checkpoints to come will not fit on disk"),
     reads="the host sample's free disk under the run root, the runs list's checkpoints (count, "
-    "newest size, interval), the heartbeat's total steps",
+    "newest size, interval), the heartbeat's total steps and its `checkpoints` (the trainer's "
+    "forecast size before the first save, train.checkpoint_every, train.keep_checkpoints)",
     decides="A run lives and the host sample is no older than `host_max_age_s`: the "
-    "checkpoints still to come (each as large as the newest; every one is kept) need more "
-    "than the free space. Critical when not even the next one fits, a warning while a later "
-    "one will not.",
+    "checkpoints still to come (each as large as the newest, or before the first one as the "
+    "trainer's forecast: 12 B per trained fp32 parameter and the rest) need more than the free "
+    "space. Every one is kept, unless train.keep_checkpoints = N: then the files grow to N + 1 "
+    "(the best held-out τ's) and one more is written before each pruning. Critical when not "
+    "even the next one fits, a warning while a later one will not.",
     thresholds=("host_max_age_s",),
-    action="free disk under the run root (old runs' checkpoints) before the checkpoint named",
+    action="free disk under the run root (old runs' checkpoints), or set "
+    "train.keep_checkpoints, before the checkpoint named",
 )
 def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
-    """The checkpoints still to come will not fit on the run root's disk: each is as large as
-    the newest, every one is kept. Critical once the next one alone does not fit (the run
-    fails writing it), a warning while a later one will not."""
+    """The checkpoints still to come will not fit on the run root's disk. Critical once the
+    next one alone does not fit (the run fails writing it: the H200's 27B-shaped run wrote
+    14.8 of 22 GB with 14.1 GB free), a warning while a later one will not."""
     hb = s.heartbeat
     host = _host(s, now, cfg)
-    run = s.current_run()
-    use = run.checkpoints if run is not None else None
-    if hb is None or s.ended() or host is None or host.disk is None or use is None:
+    to_come_of = _checkpoints_to_come(s)
+    if hb is None or s.ended() or host is None or host.disk is None or to_come_of is None:
         return []
+    use, keep, forecast = to_come_of
     each, free = use.newest_bytes, host.disk.free
     to_come = use.count_to_come(hb.total_steps)
-    if each <= 0 or to_come == 0 or free >= to_come * each:
+    files = use.files_to_come(hb.total_steps, keep)
+    if each <= 0 or files == 0 or free >= files * each:
         return []
     fit = free // each  # checkpoints that still fit
     first_short = use.step_to_come(fit + 1, hb.total_steps)
@@ -143,10 +166,15 @@ def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
         if use.every == 0
         else f"every {use.every} steps and the last step's"
     )
+    sized = (
+        f"none written yet: the trainer forecasts {size(each)} each"
+        if forecast
+        else f"the newest checkpoint (step {use.newest_step}) is {size(each)}"
+    )
+    kept = f"; {files} at once (train.keep_checkpoints = {keep})" if keep else ""
     evidence = (
-        f"{size(free)} free on {host.disk.path}; the newest checkpoint (step {use.newest_step}) "
-        f"is {size(each)}; {to_come} more to come to step {hb.total_steps} ({every}): "
-        f"{size(to_come * each)}"
+        f"{size(free)} free on {host.disk.path}; {sized}; {to_come} more to come to step "
+        f"{hb.total_steps} ({every}){kept}: {size(files * each)}"
     )
     if fit == 0:
         return [
@@ -163,10 +191,49 @@ def disk_short(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> l
         Finding(
             "warning",
             "disk_short",
-            f"disk short: {fit} of {to_come} checkpoints fit",
+            f"disk short: {fit} of {files} checkpoints fit",
             evidence,
-            f"free {size(to_come * each - free)} under {host.disk.path} (old runs' "
-            f"checkpoints) before the checkpoint at step {first_short}",
+            f"free {size(files * each - free)} under {host.disk.path} (old runs' "
+            f"checkpoints), or set train.keep_checkpoints, before the checkpoint at step "
+            f"{first_short}",
+        )
+    ]
+
+
+@rule(
+    Code("checkpoint_failed", ("critical",), "a checkpoint could not be written"),
+    reads="the heartbeat's `checkpoints.failed` (the newest save that failed, until one "
+    "succeeds: its step and the trainer's one line) and `last_checkpoint`",
+    decides="A run lives and its newest save failed: no part of it is on disk, the previous "
+    "checkpoint stays the resume point and training goes on, so a stop now loses every step "
+    "since that one.",
+    action="free disk under the run root (or set train.keep_checkpoints) before the next "
+    "save; the line says why it failed",
+)
+def checkpoint_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """The trainer's newest checkpoint failed (disk full, any OSError): the run goes on,
+    unprotected since its last good save."""
+    hb = s.heartbeat
+    plan = hb.checkpoints if hb is not None else None
+    if hb is None or s.ended() or plan is None or plan.failed is None:
+        return []
+    failed, last = plan.failed, hb.last_checkpoint
+    since = (
+        f"the resume point stays {last.path} (step {last.step}): {hb.step - last.step} steps "
+        "would be lost"
+        if last is not None
+        else f"no checkpoint of this run yet: {hb.step} steps would be lost"
+    )
+    return [
+        Finding(
+            "critical",
+            "checkpoint_failed",
+            f"checkpoint at step {failed.step} failed: {failed.message}",
+            f"checkpoint at step {failed.step}: {failed.message}; {since}",
+            "free disk under the run root (old runs' checkpoints) or set "
+            "train.keep_checkpoints; the next save retries"
+            if failed.message.startswith("disk full")
+            else "read train.log's `checkpoint failed` line; the next save retries",
         )
     ]
 

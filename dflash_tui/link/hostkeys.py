@@ -15,7 +15,16 @@ known hosts itself:
 
 The known_hosts files are the target's `--known-hosts`, else the config's
 `UserKnownHostsFile` (and `GlobalKnownHostsFile`), else ~/.ssh/known_hosts; a missing one
-is skipped, as OpenSSH skips it.
+is skipped, as OpenSSH skips it. The first, where keys are kept, is refused when it is
+there but cannot keep a key (/dev/null, /dev/zero, a FIFO, a folder): under accept-new every
+connection would trust whatever key it met, and a changed key would never be noticed.
+
+A `@revoked` key is never trusted, whichever entry names it: asyncssh, finding no trusted
+key for `[host]:port`, looks the host up again without the port and forgets the revoked
+keys the first lookup found (`matched`, below, keeps them).
+
+`--insecure-no-host-key-check` (the Target's `check_host_key` False) is the one way to
+connect without checking: explicit, on the command line, for those who mean it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_tui.targets import Target, TargetError
+from trainer.contract.textfile import TextFileError, not_regular, read_text_file
 
 if TYPE_CHECKING:
     import asyncssh
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 _NO_FILE = {"none", "/dev/null"}
 _OFF = {"no", "off", "false"}
+OPT_OUT = "--insecure-no-host-key-check"
+MAX_KNOWN_HOSTS_BYTES = 16 << 20  # thousands of hosts; a larger file is a mistake
 
 
 class HostKeyConfigError(TargetError):
@@ -105,7 +117,8 @@ def host_key_policy(target: Target, paths: list[Path] | None = None) -> HostKeyP
     if strict and strict[0] in _OFF:
         raise HostKeyConfigError(
             f"{where['StrictHostKeyChecking']}: StrictHostKeyChecking {strict[0]} is refused: "
-            "dflash-tui always checks host keys (use accept-new to trust a new host once)"
+            "dflash-tui always checks host keys (use accept-new to trust a new host once; "
+            f"{OPT_OUT} connects without checking)"
         )
     user_files = values.get("UserKnownHostsFile")
     if target.known_hosts:
@@ -116,13 +129,25 @@ def host_key_policy(target: Target, paths: list[Path] | None = None) -> HostKeyP
             raise HostKeyConfigError(
                 f"{where['UserKnownHostsFile']}: UserKnownHostsFile "
                 f"{(bad or ['none'])[0]} is refused: dflash-tui always checks host keys "
-                "(name a known_hosts file, or remove the line)"
+                f"(name a known_hosts file, or remove the line; {OPT_OUT} connects without "
+                "checking)"
             )
         glob = [f for f in values.get("GlobalKnownHostsFile", []) if f.lower() != "none"]
         files = user_files + glob
     else:
         files = [DEFAULT_KNOWN_HOSTS]
     expanded = tuple(os.path.expanduser(f) for f in files)
+    # The first file is where keys are kept; the others are only read (a global
+    # `GlobalKnownHostsFile /dev/null` is the usual way to say "none"), and one that is no
+    # regular file is skipped there, never opened.
+    kind = not_regular(expanded[0])
+    if kind is not None:
+        named_by = "--known-hosts" if target.known_hosts else "known_hosts file"
+        raise HostKeyConfigError(
+            f"{named_by} {expanded[0]}: {kind}, it cannot keep host keys: refused (a key "
+            f"would be trusted every time, changed or not); name a known_hosts file, or pass "
+            f"{OPT_OUT} to connect without checking"
+        )
     accept_new = bool(strict) and strict[0] == "accept-new"
     return HostKeyPolicy(
         files=expanded,
@@ -140,11 +165,36 @@ def _is_dev_null(path: str) -> bool:
 
 
 def known_hosts(policy: HostKeyPolicy) -> asyncssh.SSHKnownHosts:
-    """The policy's known_hosts files as one set (a missing file is skipped)."""
+    """The policy's known_hosts files as one set (a missing file is skipped; each read
+    bounded, a regular file only: TextFileError otherwise)."""
     import asyncssh
 
-    present = [f for f in policy.files if os.path.isfile(f)]
-    return asyncssh.read_known_hosts(present) if present else asyncssh.import_known_hosts("")
+    texts = []
+    for f in policy.files:
+        if os.path.exists(f) and not_regular(f) is None:  # the first one checked: policy
+            text = read_text_file(f, f"known_hosts file {f}", MAX_KNOWN_HOSTS_BYTES)
+            try:
+                asyncssh.import_known_hosts(text)  # each file alone, so a bad line names it
+            except ValueError as e:
+                raise TextFileError(f"known_hosts file {f}: {str(e)[:200]}") from None
+            texts.append(text)
+    return asyncssh.import_known_hosts("\n".join(texts))
+
+
+Matched = tuple[list[Any], ...]  # asyncssh's: host keys, CA keys, revoked keys, x509 ...
+
+
+def matched(known: asyncssh.SSHKnownHosts, host: str, addr: str, port: int | None) -> Matched:
+    """`known.match`, with the revoked keys of a `[host]:port` entry kept: asyncssh drops
+    them when no trusted key names the port and it falls back to the host alone."""
+    found = [list(x) for x in known.match(host, addr, port)]
+    if port and port != 22:
+        for name in {host, addr} - {""}:
+            # As one bracketed name, no address: the lookup asyncssh makes with the port.
+            for key in known.match(f"[{name}]:{port}", "", None)[2]:
+                if key not in found[2]:
+                    found[2].append(key)
+    return tuple(found)
 
 
 def _client_base() -> type:
@@ -164,7 +214,7 @@ def make_client(policy: HostKeyPolicy, known: asyncssh.SSHKnownHosts) -> Any:
         def validate_host_public_key(self, host: str, addr: str, port: int, key: Any) -> bool:
             if not policy.accept_new:
                 return False
-            if any(known.match(host, addr, port)):  # known (keys, CAs, revoked): not new
+            if any(matched(known, host, addr, port)):  # known (keys, CAs, revoked): not new
                 return False
             self.learned = (host, port, key)
             return True

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dflash_tui.link.bundle import agent_blob
-from dflash_tui.link.hostkeys import host_key_policy, known_hosts, make_client, record_host_key
+from dflash_tui.link.hostkeys import (
+    OPT_OUT,
+    host_key_policy,
+    known_hosts,
+    make_client,
+    matched,
+    record_host_key,
+)
 from dflash_tui.targets import Target, TargetError
 
 # Reads the agent's length-prefixed source from stdin and runs it as __main__; the same
@@ -216,25 +224,38 @@ class SshTransport:
         if t.identity:
             options["client_keys"] = [os.path.expanduser(t.identity)]
         where = self.describe()
-        try:
-            policy = host_key_policy(t)
-            known = known_hosts(policy)
-        except (TargetError, ValueError, OSError) as e:  # ValueError: a bad known_hosts line
-            raise ConnectError(str(e), fatal=True) from None
-        # Always given here: asyncssh would take `UserKnownHostsFile none` as "no checking".
-        options["known_hosts"] = known
         made: list[Any] = []
+        files = ""  # the known_hosts files, named when a key is not accepted
+        if t.check_host_key:
+            try:
+                policy = host_key_policy(t)
+                known = known_hosts(policy)
+                files = ", ".join(policy.files)
+            except (TargetError, ValueError, OSError) as e:  # ValueError: a bad known_hosts line
+                raise ConnectError(str(e), fatal=True) from None
+            # Always given here: asyncssh would take `UserKnownHostsFile none` as "no checking".
+            # A function, not the set: asyncssh's own lookup forgets `[host]:port`'s revoked keys.
+            options["known_hosts"] = functools.partial(matched, known)
 
-        def client() -> Any:
-            made.append(make_client(policy, known))
-            return made[-1]
+            def client() -> Any:
+                made.append(make_client(policy, known))
+                return made[-1]
+
+            options["client_factory"] = client
+        else:  # --insecure-no-host-key-check: asked for on the command line, in those words
+            options["known_hosts"] = None
 
         try:
-            self.conn = await asyncssh.connect(t.host or "", client_factory=client, **options)
+            self.conn = await asyncssh.connect(t.host or "", **options)
         except asyncssh.HostKeyNotVerifiable as e:
+            advice = (
+                "a @revoked key is never trusted"
+                if "revoked" in str(e.reason).lower()
+                else "if the host was reinstalled, remove its old entry"
+            )
             raise ConnectError(
                 f"host key of {where} not accepted ({e.reason}): check "
-                f"{', '.join(policy.files)}; if the host was reinstalled, remove its old entry",
+                f"{files}; {advice} ({OPT_OUT} connects without checking)",
                 fatal=True,
             ) from None
         except asyncssh.PermissionDenied:

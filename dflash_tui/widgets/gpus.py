@@ -19,6 +19,7 @@ from textual.widgets import Static
 
 from dflash_tui import host_context
 from dflash_tui.diagnosis import DEFAULT_CONFIG
+from dflash_tui.diagnosis.memory import gpu_swings
 from dflash_tui.facts import expected_memory
 from dflash_tui.fmt import bar, spark
 from dflash_tui.state import Store
@@ -176,6 +177,7 @@ class GpuPane(Static):
         for col, kw in columns:
             if col in keep:
                 table.add_column(col, no_wrap=True, overflow="crop", **kw)
+        swings = gpu_swings(s, gpu.t or s.clock())  # the agent's clock, as the samples'
         for d in gpu.devices:
             i = d.index
             role = roles.get(i, "")
@@ -185,7 +187,11 @@ class GpuPane(Static):
             mem = Text()  # the bar in the role's colour, the figures in the text's
             mem.append(bar(used / total, 10), style=colour)
             mem.append(f" {used / (1 << 30):5.1f}/{total / (1 << 30):.0f}G")
-            if want:
+            swing = swings.get(i)
+            if swing is not None and swing.fall >= DEFAULT_CONFIG.swing_min_bytes:
+                # memory_swing's evidence, in place of the usual-memory ratio (the cell's room)
+                mem.append(f" ↕{swing.fall / (1 << 30):.1f}G", style="bold yellow")
+            elif want:
                 # Against what this role held in earlier runs: 58% means "not loaded yet"
                 # or "a smaller batch", a red flag on a drafter (memory_short's bar).
                 ratio = used / want

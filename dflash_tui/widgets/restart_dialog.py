@@ -3,7 +3,9 @@
 Enter on the focused resume (or continue) button takes it; a start from step 0 discards what
 was trained, so it takes the word `fresh` typed into its line and Enter: no bare letter, and
 no button Tab could reach, confirms it. A run that died before start shows its launch's
-overrides, one line each, to keep, edit or empty (drop); the one its error names is marked.
+overrides, one line each to keep or edit, with a `drop` box beside it (Tab to it, space), and
+a line to add one; the one its error names is marked. The list is checked against the
+launch's config as the trainer checks it: a bad one is said under it, and nothing relaunches.
 A finished run offers "Continue" N more steps (the lr held, or a new schedule: the dialog
 says which) and a new run. The labels quote the host (run ids, checkpoint names, overrides):
 Text, never markup.
@@ -18,6 +20,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Static
 
+from dflash_tui.restart_edits import problems
 from dflash_tui.restart_offer import CONTINUE, DIED_BEFORE_START, FRESH_WORD, Choice, Offer
 from dflash_tui.widgets import safe
 
@@ -35,6 +38,7 @@ class RestartDialog(ModalScreen[Choice | None]):
     RestartDialog #overrides { height: auto; max-height: 12; }
     RestartDialog Input { width: 1fr; }
     RestartDialog .offending { border: tall $error; }
+    RestartDialog .override > Checkbox { width: auto; }
     RestartDialog #more { width: 14; }
     RestartDialog #error { color: $error; }
     RestartDialog #fresh-word { width: 24; }
@@ -59,16 +63,20 @@ class RestartDialog(ModalScreen[Choice | None]):
                         Text("launch.json unreadable: its overrides are kept as they were"),
                         id="no-overrides",
                     )
-                elif not o.overrides:
-                    yield Static(Text("no overrides: the config file itself is at fault"))
                 else:
+                    if not o.overrides:
+                        yield Static(Text("no overrides: the config file itself is at fault"))
                     with VerticalScroll(id="overrides"):
                         for i, value in enumerate(o.overrides):
-                            line = Input(value, id=f"override-{i}")
-                            if i in o.offending:
-                                line.add_class("offending")
-                                line.border_title = "the error names this key"
-                            yield line
+                            with Horizontal(classes="override"):
+                                line = Input(value, id=f"override-{i}")
+                                if i in o.offending:
+                                    line.add_class("offending")
+                                    line.border_title = "the error names this key"
+                                yield line
+                                yield Checkbox("drop", id=f"drop-{i}")
+                        yield Input(placeholder="add an override: KEY=VALUE", id="override-add")
+                    yield Static(Text(""), id="edit-error")
             if o.state == CONTINUE:
                 with Horizontal():
                     yield Static(Text("more steps "))
@@ -123,6 +131,9 @@ class RestartDialog(ModalScreen[Choice | None]):
             self.say_lr()
 
     def on_checkbox_changed(self, event: Checkbox.Changed) -> None:
+        box = event.checkbox.id or ""
+        if box.startswith("drop-"):  # a dropped line is greyed out, and Tab passes it by
+            self.query_one(f"#override-{box[5:]}", Input).disabled = event.value
         self.say_lr()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -131,11 +142,23 @@ class RestartDialog(ModalScreen[Choice | None]):
             self.take_resume()
         elif event.input.id == "fresh-word":
             if event.value.strip().lower() == FRESH_WORD:
-                self.dismiss(Choice(fresh=True, overrides=self.edited_overrides()))
+                self.take_fresh()
             else:
                 event.input.value = ""
                 self.notify(f"type {FRESH_WORD} to start from step 0", severity="warning")
         # Enter in an override's line confirms nothing: it is being edited
+
+    def take_fresh(self) -> None:
+        """Relaunch from step 0, with the overrides as edited when the trainer would take
+        them; else each bad one is said under the list and the word is typed again."""
+        overrides = self.edited_overrides()
+        bad = problems(overrides, self.offer.config_toml) if overrides is not None else []
+        if not bad:
+            self.dismiss(Choice(fresh=True, overrides=overrides))
+            return
+        self.query_one("#edit-error", Static).update(safe.text("\n".join(bad), newlines=True))
+        self.query_one("#fresh-word", Input).value = ""
+        self.notify("an override the trainer would refuse: see the dialog", severity="error")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "resume":
@@ -155,12 +178,17 @@ class RestartDialog(ModalScreen[Choice | None]):
             self.dismiss(Choice())
 
     def edited_overrides(self) -> list[str] | None:
-        """The overrides as the operator left them (an emptied line dropped); None: the
-        parent's, unchanged (no editor shown)."""
+        """The overrides as the operator left them (a dropped or emptied line left out, the
+        added one last); None: the parent's, unchanged (no editor shown)."""
         o = self.offer
         if o.state != DIED_BEFORE_START or o.overrides is None:
             return None
-        lines = [self.query_one(f"#override-{i}", Input).value for i in range(len(o.overrides))]
+        lines = [
+            self.query_one(f"#override-{i}", Input).value
+            for i in range(len(o.overrides))
+            if not self.query_one(f"#drop-{i}", Checkbox).value
+        ]
+        lines.append(self.query_one("#override-add", Input).value)
         return [v.strip() for v in lines if v.strip()]
 
     def action_cancel(self) -> None:

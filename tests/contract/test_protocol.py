@@ -9,6 +9,7 @@ import pytest
 from trainer.contract.protocol import (
     COMMANDS,
     EVENTS,
+    RELEASE_CHECK_S,
     DumpStacks,
     FollowRun,
     Kill,
@@ -38,6 +39,9 @@ def test_stop_timeouts_follow_their_arguments():
     assert Kill().client_timeout() == 60 + 120 + 30
     assert Kill(timeout_s=5, drain_timeout_s=10).client_timeout() == 45
     assert Restart().client_timeout() > Kill().client_timeout()  # it also waits for a start
+    # restart --deploy also waits for the new release's import check on the host
+    redeploy = Restart(release="0" * 64)
+    assert redeploy.client_timeout() == Restart().client_timeout() + RELEASE_CHECK_S
     assert DumpStacks().client_timeout() >= 60
 
 

@@ -173,7 +173,7 @@ def test_disk_short_warns_when_a_later_checkpoint_will_not_fit() -> None:
     )
     assert f.action == (
         f"free {size(98 * each - 100 * MIB)} under /workspace/dflash/runs (old runs' "
-        "checkpoints) before the checkpoint at step 460"
+        "checkpoints), or set train.keep_checkpoints, before the checkpoint at step 460"
     )
     # The control: exactly what the 98 need is free
     assert "disk_short" not in codes(run(HOST, host(disk={"free": 98 * each})))
@@ -221,3 +221,96 @@ def test_no_disk_finding_without_a_checkpoint_or_after_the_end() -> None:
     tight = host(disk={"free": 4 * MIB})
     assert "disk_short" not in codes(run(HOST, no_checkpoints, tight))
     assert "disk_short" not in codes(run(HOST, finished, tight))
+
+
+def forecast(forecast_bytes: int, every: int = 20, keep: int = 0) -> Any:
+    """Edit: no checkpoint written yet (the runs list has none) and the trainer's forecast in
+    the heartbeat, as trainer/runtime/run.py publishes it before the first save."""
+
+    def edit(evs: Events) -> None:
+        for e in of_type(evs, "runs"):
+            e["runs"][-1]["checkpoints"] = None
+        hb(evs)["checkpoints"] = {"forecast_bytes": forecast_bytes, "every": every, "keep": keep}
+
+    return edit
+
+
+def test_disk_short_before_the_first_checkpoint_reads_the_trainers_forecast() -> None:
+    """Edit: the H200's 27B-shaped run: a 22 GB forecast, 14.1 GB free. Not even the first
+    checkpoint fits: critical before the run wastes 14.8 GB writing it."""
+    step = hb(events(HOST))["step"]
+    found = run(HOST, forecast(22 * 10**9, every=0), host(disk={"free": int(14.1e9)}))
+    f = only(found, "disk_short")
+    assert (f.severity, f.title) == ("critical", "disk full for the next checkpoint (step 2000)")
+    assert f.evidence == (
+        f"{size(int(14.1e9))} free on /workspace/dflash/runs; none written yet: the trainer "
+        f"forecasts {size(22 * 10**9)} each; 1 more to come to step 2000 (the last step's): "
+        f"{size(22 * 10**9)}"
+    )
+    assert step < 2000
+    # The control: the same forecast with room for it is quiet.
+    assert "disk_short" not in codes(
+        run(HOST, forecast(22 * 10**9, every=0), host(disk={"free": 22 * 10**9}))
+    )
+
+
+def test_disk_short_counts_only_the_checkpoints_kept_at_once() -> None:
+    """Edit: 98 checkpoints of 10 MB to come (every 20 steps after step 53), 100 MB free.
+    Keeping every one needs 980 MB: a warning. With train.keep_checkpoints = 2 at most 4 are
+    on disk at once (2, the best τ's, the one written before the pruning): 40 MB fit."""
+    assert hb(events(HOST))["step"] == 53
+    tight = host(disk={"free": 100 * MIB})
+    f = only(run(HOST, forecast(10 * MIB), tight), "disk_short")
+    assert f.title == "disk short: 10 of 98 checkpoints fit"
+    assert "disk_short" not in codes(run(HOST, forecast(10 * MIB, keep=2), tight))
+    f = only(run(HOST, forecast(10 * MIB, keep=2), host(disk={"free": 35 * MIB})), "disk_short")
+    assert f.title == "disk short: 3 of 4 checkpoints fit"
+    assert "4 at once (train.keep_checkpoints = 2)" in f.evidence
+
+
+def test_a_forecast_that_cannot_be_a_runs_makes_the_heartbeat_unreadable() -> None:
+    from trainer.contract.heartbeat import parse_heartbeat
+    from trainer.contract.typed import Unreadable
+
+    data = dict(hb(events(HOST)), checkpoints={"forecast_bytes": -1, "every": 20, "keep": 0})
+    got = parse_heartbeat(data)
+    assert isinstance(got, Unreadable) and "forecast -1 bytes" in got.why
+    data["checkpoints"]["forecast_bytes"] = 5
+    assert not isinstance(parse_heartbeat(data), Unreadable)
+
+
+# -- checkpoint_failed ------------------------------------------------------------------------
+def failed_save(message: str, step: int = 40) -> Any:
+    """Edit: the heartbeat says the save at `step` failed, as the trainer writes it."""
+
+    def edit(evs: Events) -> None:
+        hb(evs)["checkpoints"] = {
+            "forecast_bytes": 5 * MIB, "every": 20, "keep": 0,
+            "failed": {"step": step, "message": message, "at": NOW - 5},
+        }  # fmt: skip
+        hb(evs)["last_checkpoint"] = {"step": 20, "path": "checkpoints/step-00000020.pt", "at": 0}
+
+    return edit
+
+
+def test_checkpoint_failed_says_why_and_what_a_stop_would_lose() -> None:
+    """Edit: the step-40 save failed with the disk full; the step-20 one is the resume point
+    and the run is at step 53. The control, as recorded (no failure), is quiet."""
+    assert "checkpoint_failed" not in codes(run(HOST))
+    why = "disk full (needed 5.24 MB, free 1.20 MB)"
+    f = only(run(HOST, failed_save(why)), "checkpoint_failed")
+    assert (f.severity, f.title) == ("critical", f"checkpoint at step 40 failed: {why}")
+    assert f.evidence == (
+        f"checkpoint at step 40: {why}; the resume point stays checkpoints/step-00000020.pt "
+        "(step 20): 33 steps would be lost"
+    )
+    assert f.action.startswith("free disk under the run root")
+    other = only(run(HOST, failed_save("File too large (EFBIG)")), "checkpoint_failed")
+    assert other.action.startswith("read train.log's `checkpoint failed` line")
+
+
+def test_checkpoint_failed_is_quiet_once_the_run_ended() -> None:
+    def finished(evs: Events) -> None:
+        hb(evs)["phase"] = "stopped"
+
+    assert "checkpoint_failed" not in codes(run(HOST, failed_save("disk full"), finished))

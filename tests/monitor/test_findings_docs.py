@@ -45,9 +45,11 @@ ORDER = [
     "graphs_fell_back",
     "mostly_padding",
     "allocator_retries",
+    "memory_swing_rule",
     "host_oversubscribed",
     "host_memory_short",
     "disk_short",
+    "checkpoint_failed",
     "gil_pressure",
     "slow_kernels",
     "environment_changed",
@@ -115,7 +117,7 @@ def test_every_threshold_a_rule_compares_with_is_named_in_its_documentation() ->
 
 def test_n_of_n_codes_documented() -> None:
     codes = docs.codes()
-    assert len(codes) == sum(len(d.codes) for d in DOCS.values()) == 49
+    assert len(codes) == sum(len(d.codes) for d in DOCS.values()) == 51
     for code in codes:
         text = docs.explain(code)
         doc, c = codes[code]

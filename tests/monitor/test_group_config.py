@@ -87,7 +87,7 @@ def test_a_missing_config_file_is_one_line_before_anything_connects(tmp_path):
     home = write(tmp_path, '[groups.pair]\nhosts = ["gpu-a", "gpu-b"]\nmaster = "h:1"\n')
     r = group_cli(home, "launch", "pair", "--config", str(tmp_path / "nope.toml"))
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert "nope.toml: no such file" in r.stderr
+    assert "nope.toml: not found" in r.stderr
 
 
 def test_the_help_of_each_job_command_names_groups():

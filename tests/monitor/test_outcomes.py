@@ -190,3 +190,43 @@ def test_a_stop_signal_after_the_final_heartbeat_is_not_a_kill() -> None:
     assert sigkill.summary.startswith("killed (SIGKILL) at step 51 of 400")
     training = dataclasses.replace(hb, phase="training", exit_code=None)
     assert outcome_of(False, training, late).kind == "killed"
+
+
+def test_a_final_checkpoint_that_failed_is_said_with_where_a_restart_resumes() -> None:
+    """Edit of the recorded stop (step 51 of 400, checkpoint step 51): its final save failed
+    instead, so step 51's file is not there and the newest is an older one. Read as a stop,
+    never a crash; a finished run the same; a run with none of its own resumes its parent's."""
+    from trainer.contract.checkpoints import (
+        CheckpointFailure,
+        CheckpointPlan,
+        ResumePoint,
+    )
+
+    hb, ex = recorded(STOPPED)
+    assert hb is not None
+    why = "disk full (needed 22.10 GB, free 14.10 GB)"
+    plan = CheckpointPlan(22 * 10**9, 20, 0, CheckpointFailure(51, why, 0.0))
+    hb = dataclasses.replace(hb, phase="stopped", checkpoints=plan, last_checkpoint=None)
+    ex = dataclasses.replace(ex, checkpoint=None)
+    older = "checkpoints/step-00000040.pt"
+    o = outcome_of(False, hb, ex, older)
+    assert (o.kind, o.summary) == (
+        "stopped",
+        f"stopped at step 51 of 400; final checkpoint failed: {why}; resumes from step 40",
+    )
+    parent = ResumePoint("parent-run", "checkpoints/step-00000020.pt", 20, True)
+    assert outcome_of(False, hb, ex, None, resume=parent).summary.endswith(
+        "; resumes from step 20 of parent-run"
+    )
+    assert outcome_of(False, hb, ex, None).summary.endswith(
+        "; no checkpoint: a restart starts at 0"
+    )
+    done = dataclasses.replace(hb, phase="finished", step=400)
+    o = outcome_of(False, done, dataclasses.replace(ex, step=400), older)
+    assert o.kind == "finished" and o.summary == "finished at step 400 of 400"  # not its step
+    failed_last = dataclasses.replace(plan, failed=CheckpointFailure(400, why, 0.0))
+    o = outcome_of(False, dataclasses.replace(done, checkpoints=failed_last),
+                   dataclasses.replace(ex, step=400), older)  # fmt: skip
+    assert o.summary == f"finished at step 400 of 400; final checkpoint failed: {why}; " + (
+        "resumes from step 40"
+    )

@@ -149,7 +149,7 @@ def test_at_80x24_every_line_of_the_dialog_can_be_reached_and_stray_keys_confirm
         DIED_BEFORE_START,
         "r1",
         "Run r1 died before its first step: relaunching it as it was dies the same way. Keep, "
-        "edit or empty (drop) each override, then relaunch from step 0.",
+        "edit or drop each override (or add one), then relaunch from step 0.",
         fresh_label="Relaunch from step 0 with the overrides below",
         overrides=overrides,
         offending=[6],
@@ -171,8 +171,22 @@ def test_at_80x24_every_line_of_the_dialog_can_be_reached_and_stray_keys_confirm
             assert word.region.y + word.region.height <= 24 and word.region.x + 10 <= 80
             await pilot.press(*"fresh", "enter")
             await pilot.pause(0.1)
+            # as the keys left it the line is no override: said, and nothing relaunches
+            assert not answers and word.value == ""
+            said = str(dialog.query_one("#edit-error").render())
+            assert said == 'config: --set "rfyfy": expected section.key=value'
+            # Tab from the line to its drop box, space: dropped (greyed, Tab passes it by)
+            dialog.query_one("#override-6").focus()
+            await pilot.press("tab")
+            assert app.focused is dialog.query_one("#drop-6")
+            await pilot.press("space")
+            await pilot.pause(0.1)
+            assert dialog.query_one("#override-6").disabled
+            word.focus()
+            await pilot.press(*"fresh", "enter")
+            await pilot.pause(0.1)
             assert answers and answers[0] is not None and answers[0].fresh
-            assert answers[0].overrides == [*overrides[:6], "rfyfy"]  # as the keys left them
+            assert answers[0].overrides == overrides[:6]  # the dropped one left out
 
     asyncio.run(go())
 

@@ -90,7 +90,7 @@ class TinyTarget:
 CASES: list[tuple[str, Any, list[str]]] = [
     # The config file itself.
     ("binary-config", lambda t: ["--config", _binary(t)], ["config: file", "model.bin", "UTF-8"]),
-    ("dir-config", lambda t: ["--config", str(t)], ["config: file", "is a directory"]),
+    ("dir-config", lambda t: ["--config", str(t)], ["config: file", "a folder, not a regular"]),
     ("missing-config", lambda t: ["--config", str(t / "no.toml")], ["no.toml", "not found"]),
     (
         "not-toml",

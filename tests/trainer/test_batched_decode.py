@@ -237,3 +237,26 @@ def test_the_hybrid_keeps_the_reference_loop_and_its_numbers(tiny_hybrid_text_di
     assert got.tokens == tokens and [r.accepted for r in got.rows] == accepted
     want = [a for steps in accepted for a in steps]
     assert got.total().tau == pytest.approx(sum(a + 1 for a in want) / len(want))
+
+
+def test_grouped_query_attention_equals_hf_sdpa_with_a_mask():
+    """The eval's masked GQA attention (query heads side by side, the mask tiled) gives HF's
+    SDPA output (keys and values repeated per head) for every head, row and mask."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trainer.targets.grouped_attention import grouped_or, grouped_query_applies
+
+    g = torch.Generator().manual_seed(0)
+    for B, Hq, Hkv, L, S in [(3, 8, 2, 5, 40), (2, 4, 4, 16, 33), (1, 6, 3, 1, 9)]:
+        q = torch.randn(B, Hq, L, 16, generator=g)
+        k, v = torch.randn(B, Hkv, S, 16, generator=g), torch.randn(B, Hkv, S, 16, generator=g)
+        mask = torch.rand(B, 1, L, S, generator=g) < 0.6
+        mask[..., 0] = True  # every query sees something
+        module = torch.nn.Module()
+        module.num_key_value_groups = Hq // Hkv
+        want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+        have, _ = grouped_or(sdpa_attention_forward, module, q, k, v, mask, scaling=0.25)
+        assert grouped_query_applies(q, k, mask) == (Hq > Hkv)
+        assert have.shape == want.shape == (B, L, Hq, 16)
+        assert torch.allclose(have, want, atol=1e-5, rtol=1e-5)

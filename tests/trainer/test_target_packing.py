@@ -196,7 +196,7 @@ def test_compiled_gated_deltanet_pieces_equal_hf_s(tiny_hybrid_target_dir):
         m, parts = layer.linear_attn, HybridLayerParts(layer)
         flat = torch.randn(1, 48, m.in_proj_b.in_features, generator=g).bfloat16()
         out = torch.randn(1, 48, m.num_v_heads, m.head_v_dim, generator=g).bfloat16()
-        for want, have in zip(gdn_gates(m, flat), parts.gates(m, flat)):
+        for want, have in zip(gdn_gates(m, flat), parts.gates(m, flat), strict=True):
             assert torch.allclose(want.float(), have.float(), rtol=1e-6, atol=1e-6)
         z = m.in_proj_z(flat)
         normed = m.norm(out.reshape(-1, m.head_v_dim), z.reshape(-1, m.head_v_dim))

@@ -61,9 +61,43 @@ class CheckpointMeta:
 
 
 @dataclasses.dataclass
+class CheckpointFailure:
+    """A checkpoint that could not be written (the heartbeat's `checkpoints.failed`): the
+    previous one stays the resume point and no part of this one is left on disk."""
+
+    step: int
+    message: str  # "disk full (needed 22.1 GB, free 14.1 GB)", or the error in one line
+    at: float = 0.0
+
+
+@dataclasses.dataclass
+class CheckpointPlan:
+    """What the run's checkpoints will take, published by the trainer before its first save
+    (the heartbeat's `checkpoints`, optional under schema 2): the monitor's disk_short can
+    warn while there is no checkpoint on disk yet to measure."""
+
+    forecast_bytes: (
+        int  # one checkpoint: weights, AdamW's two moments, the rest (model/checkpoint.py)
+    )
+    every: int = 0  # train.checkpoint_every (0: only at the end)
+    keep: int = 0  # train.keep_checkpoints (0: every one kept)
+    failed: CheckpointFailure | None = None  # the newest save that failed, until one succeeds
+
+    def invalid(self) -> str | None:
+        """Why these numbers cannot be a run's (the heartbeat is untrusted)."""
+        if self.forecast_bytes < 0 or self.every < 0 or self.keep < 0:
+            return (
+                f"checkpoints: forecast {self.forecast_bytes} bytes, every {self.every}, "
+                f"keep {self.keep}: not a run's"
+            )
+        return None
+
+
+@dataclasses.dataclass
 class CheckpointUse:
     """A run's checkpoints as its disk holds them (the runs list's `RunInfo.checkpoints`): what
-    the checkpoints still to come will need. Every checkpoint is kept: none is deleted."""
+    the checkpoints still to come will need. The trainer prunes old ones only when
+    train.keep_checkpoints says so (`CheckpointPlan.keep`, `files_to_come`)."""
 
     count: int  # checkpoints/step-N.pt files
     newest_step: int
@@ -93,6 +127,16 @@ class CheckpointUse:
         if self.newest_step >= total_steps:
             return 0
         return self._periodic_to_come(total_steps) + 1
+
+    def files_to_come(self, total_steps: int, keep: int) -> int:
+        """How many checkpoints' worth of disk the ones still to come take beyond what is on
+        disk now. Keeping all (`keep` 0): every one. Keeping the last `keep` and the best
+        τ's: the files grow to keep + 1, and one more is written before the pruning that
+        follows each save (trainer/runtime/retention.py)."""
+        to_come = self.count_to_come(total_steps)
+        if keep <= 0:
+            return to_come
+        return min(to_come, max(1, keep + 2 - self.count))
 
     def step_to_come(self, k: int, total_steps: int) -> int | None:
         """The step of the k-th checkpoint still to come (1: the next), or None."""

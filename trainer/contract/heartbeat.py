@@ -20,7 +20,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      length during training (trainer/contract/evaluation.py); `failed_rank`, in a
      processes-mode job (runtime.mode = "processes") the rank found failed first, each
      rank's own state in heartbeat-rank{R}.json (trainer/contract/ranks.py); `graphs`, per
-     place the trainer captures CUDA graphs, whether they work (trainer/contract/graphs.py).
+     place the trainer captures CUDA graphs, whether they work (trainer/contract/graphs.py);
+     `checkpoints`, the forecast size of a checkpoint, how often and how many are kept, and
+     the newest save that failed (trainer/contract/checkpoints.py `CheckpointPlan`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from trainer.contract.checkpoints import CheckpointPlan
 from trainer.contract.environment import Preflight
 from trainer.contract.evaluation import EvalInfo
 from trainer.contract.graphs import GraphInfo
@@ -278,6 +281,9 @@ class Heartbeat:
     # {place: its CUDA graphs} ("eval": the held-out eval's decode step, in use or why not);
     # empty: the run has no such place (it evaluates nothing), or an older trainer.
     graphs: dict[str, GraphInfo] = dataclasses.field(default_factory=dict)
+    # What the checkpoints will take and the newest that failed; None: before the drafter is
+    # built, or an older trainer.
+    checkpoints: CheckpointPlan | None = None
 
     @property
     def process_group(self) -> int:
@@ -355,6 +361,8 @@ def parse_heartbeat(data: Any, what: str = "heartbeat.json") -> Heartbeat | Unre
         return Unreadable(what, f"{e}{note}")
     if hb.phase not in PHASES and not newer:
         return Unreadable(what, f"unknown phase {hb.phase!r}")
+    if hb.checkpoints is not None and (why := hb.checkpoints.invalid()) is not None:
+        return Unreadable(what, why)
     return hb
 
 

@@ -2,7 +2,8 @@
 
 running            the run's lock is held (or its process lives)
 finished           reached its last step
-stopped            SIGTERM/SIGINT before the last step; checkpointed, resumable
+stopped            SIGTERM/SIGINT before the last step; checkpointed, resumable (a final
+                   checkpoint that failed is said, with the step a restart resumes from)
 crashed            an exception (the heartbeat names the thread) or a non-zero exit
 killed             a signal ended the process (SIGKILL, the OOM killer), or it vanished
                    without an exit record; said `killed (SIGKILL)`
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainer.contract.checkpoints import ResumePoint
+from trainer.contract.checkpoints import ResumePoint, step_of
 from trainer.contract.heartbeat import Heartbeat
 from trainer.contract.phases import CRASHED, FINAL_PHASES, STOPPED
 from trainer.contract.phases import FINISHED as FINISHED_PHASE
@@ -162,6 +163,25 @@ def outcome_of(
             where, words = "", exit_record.failed_rank.describe()  # the cause, not this rank
         return said(CRASH, f"crashed{where}{_at(step, total)}: {words}", thread=thread)
     # A clean exit: schema 1 said `finished` for a stop too, so the step settles it.
+    failed = _final_failure(hb, step, checkpoint, resume)
     if final == STOPPED or (step is not None and total and step < total):
-        return said(STOPPED_EARLY, f"stopped{_at(step, total)}{resumable}")
-    return said(FINISHED, f"finished{_at(step, total)}")
+        return said(STOPPED_EARLY, f"stopped{_at(step, total)}{failed or resumable}")
+    return said(FINISHED, f"finished{_at(step, total)}{failed}")
+
+
+def _final_failure(
+    hb: Heartbeat, step: int | None, latest: str | None, resume: ResumePoint | None
+) -> str:
+    """ "; final checkpoint failed: WHY; resumes from step M" for a run whose last save
+    failed (its previous checkpoint is where a restart continues), else ""."""
+    plan = hb.checkpoints
+    if plan is None or plan.failed is None or plan.failed.step != step:
+        return ""
+    if resume is not None:
+        at = resume.step if resume.name is not None else None
+    else:
+        at = step_of(latest.rsplit("/", 1)[-1]) if latest else None
+    then = f"resumes from step {at}" if at is not None else "no checkpoint: a restart starts at 0"
+    if resume is not None and at is not None and resume.run_id != hb.run_id:
+        then += f" of {resume.run_id}"
+    return f"; final checkpoint failed: {plan.failed.message}; {then}"

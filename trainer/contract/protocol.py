@@ -32,6 +32,7 @@ T = TypeVar("T")
 # 2: the first versioned protocol; 3: `rank_heartbeat` (a processes-mode job's ranks);
 # 4: `Launch.node`/`Restart.node` (one host of a job over several: nodes.py), `Kill.ended_ok`.
 PROTOCOL_VERSION = 4
+RELEASE_CHECK_S = 120.0  # restart --deploy: the new release's import check on the host
 MAX_LINE_BYTES = 8 << 20  # one event or command line; longer ones are refused, not fatal
 MAX_TEXT_BYTES = 64 << 10  # one followed file line in a `line` event: longer ones are cut
 TAIL_BYTES = 256 * 1024  # where a follow without offsets starts: this far from a file's end
@@ -630,10 +631,16 @@ class Restart(Kill):
     # unless `new_schedule` (warmup, then cosine over the new steps).
     more_steps: int = 0
     new_schedule: bool = False
+    # `restart --deploy`: the code sha256 of a release deployed without switching `current`
+    # (Deploy.make_current False). The agent import-checks it before anything is stopped
+    # (refused, the run left alone, when it does not import), then makes it current and
+    # launches from it. None: the current release.
+    release: str | None = None
 
     def client_timeout(self) -> float:
-        # A restart also waits for the new run's first heartbeat.
-        return super().client_timeout() + self.start_timeout_s + 120.0
+        # A restart also waits for the new run's first heartbeat (and a release's check).
+        check = RELEASE_CHECK_S if self.release is not None else 0.0
+        return super().client_timeout() + self.start_timeout_s + 120.0 + check
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -675,6 +682,9 @@ class ClearCompileCache(Command):
 class Deploy(Command):
     tar_b64: str
     sha256: str
+    # False: unpack and check the release only; `current` (what launches and restarts use)
+    # stays where it is until a `Restart.release` makes it current (`restart --deploy`).
+    make_current: bool = True
 
     def client_timeout(self) -> float:
         return 120.0

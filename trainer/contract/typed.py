@@ -29,6 +29,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from trainer.contract.textfile import file_kind
+
 T = TypeVar("T")
 
 # Bounds on what one record may hold: a hostile or corrupt file costs bounded memory and time.
@@ -200,7 +202,7 @@ def read_bounded(path: str | Path, limit: int) -> bytes | Unreadable | None:
         # Checked before fdopen, which raises on a folder's descriptor (IsADirectoryError).
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            return Unreadable(name, f"{kind_of(mode)}, not a regular file: refused")
+            return Unreadable(name, f"{file_kind(mode)}, not a regular file: refused")
         return _read_upto(fd, limit + 1)
     except OSError as e:
         return Unreadable(name, e.strerror or str(e))
@@ -218,21 +220,6 @@ def _read_upto(fd: int, n: int) -> bytes:
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
-
-
-def kind_of(mode: int) -> str:
-    """What a file of this mode is, in words, for a refusal that names it."""
-    for test, words in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return words
-    return "not a regular file"
 
 
 def parse_json(raw: bytes | str, what: str, limit: int) -> Any:

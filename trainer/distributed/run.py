@@ -19,7 +19,7 @@ from typing import Any
 
 from trainer.config import Config, ConfigError, one_line
 from trainer.contract.heartbeat import ErrorInfo, Heartbeat
-from trainer.contract.phases import CHECKPOINTING, FINISHED, STOPPED, STOPPING, WARMUP
+from trainer.contract.phases import FINISHED, STOPPED, STOPPING, WARMUP
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
 from trainer.distributed.launcher_watch import watch_launcher
 from trainer.distributed.layout import Job, RankLayout, layout_from_env, rank_config, rank_dir
@@ -204,13 +204,7 @@ class RankRun(Run):
             return EXIT_CRASH, wandb
         self.state.set_phase(STOPPING)
         if lay.writer:
-            self.state.set_phase(CHECKPOINTING)
-            path = self.save(pipe.position, pipe.recent_loss())
-            self.checkpoints.wait()
-            self.log.line(
-                f"{'stopped' if stopped else 'finished'} at step {pipe.position.step} of "
-                f"{setup.total_steps}; checkpoint {path.relative_to(self.run_dir)}"
-            )
+            self._final_checkpoint(pipe.position, pipe.recent_loss(), stopped)
         self.state.set_phase(STOPPED if stopped else FINISHED)
         return EXIT_OK, wandb
 

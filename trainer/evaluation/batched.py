@@ -53,6 +53,7 @@ from trainer.evaluation.speculative import (
     layer_features,
 )
 from trainer.model.attention import DenseMask
+from trainer.targets.packing import install_packed_attention
 
 # Rows prefilled in one forward: at most this many prompt tokens (HF returns every layer's
 # hidden states for all of them: 0.6 GB on the 8B target).
@@ -185,6 +186,12 @@ class BatchedDecoder:
         self.additive = (getattr(cfg, "_attn_implementation", None) or "sdpa") == "eager"
         self.mask_dtype = next(model.parameters()).dtype
         self.cache_arg = cache_argument(model)
+        # SDPA's masked verify reads each key/value head once (targets/grouped_attention.py)
+        # through the "sdpa" function the trainer registers; HF's eager attention is as is.
+        self.attention_kwargs: dict[str, Any] = {}
+        if not self.additive:
+            install_packed_attention()
+            self.attention_kwargs = {"dflash_grouped_query": True}
         self.ctx: Tensor | None = None  # [B, slots, C], made by the first prefill
         self.ctx_positions = torch.zeros(B, self.slots, dtype=torch.long, device=dev)
         self.valid = torch.zeros(B, self.slots, dtype=torch.bool, device=dev)
@@ -217,6 +224,7 @@ class BatchedDecoder:
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=self._mask_arg(mask),
             use_cache=True, output_hidden_states=True, **{self.cache_arg: self.cache},
+            **self.attention_kwargs,
         )  # fmt: skip
         ctx = self.proposer.context(layer_features(out.hidden_states, self.layer_ids))
         self._context().index_copy_(1, self.write, ctx)
@@ -317,7 +325,7 @@ class BatchedDecoder:
             out = self.model(
                 input_ids=ids[rows], position_ids=positions[rows],
                 attention_mask=self._mask_arg(mask), use_cache=True, output_hidden_states=True,
-                logits_to_keep=1, **{self.cache_arg: self.cache},
+                logits_to_keep=1, **{self.cache_arg: self.cache}, **self.attention_kwargs,
             )  # fmt: skip
             first += out.logits[:, -1].argmax(-1).tolist()
             ctx = self.proposer.context(layer_features(out.hidden_states, self.layer_ids))

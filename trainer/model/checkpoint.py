@@ -12,16 +12,25 @@ state into host memory (pinned and reused on CUDA: one transfer, one sync) and a
 own writes the file. The 8B drafter's 12.6 GB took 25 s to save in the training thread on the
 H200, a 25 s stall every `checkpoint_every` steps and at every stop. torch.save's per-record
 CRC32 is skipped (it was about half of that on a 2-core host); torch.load does not need it.
+
+A write that fails (disk full, any OSError; torch.save turns the file's own error into
+`RuntimeError: ... unexpected pos`, which is how a full disk read on the H200) is a
+`CheckpointFailed` with one line that says why ("disk full (needed 22.1 GB, free 14.1 GB)"):
+its temp file is removed, the previous checkpoint stays the resume point, and the run goes on.
+`forecast_bytes` says how large a checkpoint will be before the first one is written.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import pickle
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -48,6 +57,87 @@ class TrainPosition:
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / CHECKPOINTS / pt_name(step)
+
+
+# A torch.save record beyond its bytes: its zip local header and central-directory entry,
+# each with the name (archive/data/N), the 64-byte alignment's padding, and its persistent id
+# in the pickle. Measured on the tiny CPU run's checkpoints (tests/trainer/test_checkpoint_disk.py).
+RECORD_OVERHEAD = 200
+ADAMW_STATE = ("exp_avg", "exp_avg_sq")  # each the shape and dtype of its parameter
+STEP_BYTES = 4  # AdamW's step counter: a float32 scalar per parameter
+
+
+def forecast_bytes(trainable: Iterable[torch.Tensor], arch: dict[str, Any], config: Any) -> int:
+    """A checkpoint's size before any is written: each trained tensor and AdamW's two moments
+    of its shape and dtype (12 B per fp32 parameter), its step counter, the records' overhead,
+    and the pickled arch and config. Within 1 % of the tiny CPU run's real file."""
+    total, records = 0, 0
+    for t in trainable:
+        total += t.numel() * t.element_size() * (1 + len(ADAMW_STATE)) + STEP_BYTES
+        records += 2 + len(ADAMW_STATE)
+    return total + records * RECORD_OVERHEAD + len(pickle.dumps((arch, config)))
+
+
+def size(n: float) -> str:
+    """Bytes as a person reads them in a log line: 22.10 GB, 5.2 MB."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+class CheckpointFailed(OSError):
+    """A checkpoint was not written; `str()` is the one line that says why."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(message)
+        self.step, self.message = step, message
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Free bytes for an unprivileged writer; None when the file system does not say (a
+    FUSE mount reporting no blocks at all): then nothing is refused before the write."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize if st.f_blocks > 0 else None
+
+
+def _why_failed(error: BaseException, needed: int, free: int | None) -> str:
+    """One line: "disk full (needed X, free Y)" when the disk is what failed it, else the
+    error itself, in one line."""
+    have = f"needed {size(needed)}, free {size(free)}" if free is not None else ""
+    code = getattr(error, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < needed):
+        return f"disk full ({have})" if have else "disk full"
+    if isinstance(error, OSError) and error.strerror:
+        name = errno.errorcode.get(code, str(code)) if code else ""
+        what = f"{error.strerror} ({name})" if name else error.strerror
+    else:
+        lines = str(error).strip().splitlines()
+        what = f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+    return f"{what} ({have})" if have else what
+
+
+class _FileErrors:
+    """The file torch.save writes to, keeping the first OSError a write raised: torch turns it
+    into `RuntimeError: unexpected pos`, which no longer says the disk was full."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _tensor_bytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -122,10 +212,20 @@ def write_checkpoint(
     finite: bool | None = None,
 ) -> CheckpointMeta:
     """Write `step-N.pt` then its sidecar, each atomically (temp file, fsync, rename): a
-    crash mid-save leaves the previous checkpoint intact and this one absent."""
+    crash mid-save leaves the previous checkpoint intact and this one absent. A write that
+    fails raises `CheckpointFailed`, no part of it left behind; one that cannot fit (the
+    tensors alone exceed the free disk) is refused before a byte is written."""
     t0 = time.monotonic()
     path = checkpoint_path(run_dir, position.step)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = _tensor_bytes([model_state, optimizer_state])
+    needed = tensors + RECORD_OVERHEAD * len(_tensors([model_state, optimizer_state]))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CheckpointFailed(position.step, _why_failed(e, needed, None)) from e
+    free = _free_bytes(path.parent)
+    if free is not None and free < tensors:
+        raise CheckpointFailed(position.step, _why_failed(OSError(), needed, free))
     payload = {
         "format": 1,
         "position": position.__dict__,
@@ -137,7 +237,19 @@ def write_checkpoint(
     if finite is None:
         finite = all_finite([model_state, optimizer_state])
     _save_without_crc()
-    atomic_write(path, lambda f: torch.save(payload, f))
+    sink: list[_FileErrors] = []
+
+    def write(f: IO[bytes]) -> None:
+        sink.append(_FileErrors(f))
+        torch.save(payload, sink[0])  # type: ignore[arg-type]
+
+    try:
+        atomic_write(path, write)
+    except (OSError, RuntimeError) as e:  # the temp file is gone (fsutil.atomic_write)
+        cause = sink[0].error if sink and sink[0].error is not None else e
+        raise CheckpointFailed(
+            position.step, _why_failed(cause, needed, _free_bytes(path.parent))
+        ) from e
     meta = CheckpointMeta(
         step=position.step,
         file=path.name,
@@ -147,7 +259,13 @@ def write_checkpoint(
         written_at=time.time(),
         seconds=round(time.monotonic() - t0, 3),
     )
-    atomic_write_json(path.with_name(meta_name(position.step)), encode(meta))
+    try:
+        atomic_write_json(path.with_name(meta_name(position.step)), encode(meta))
+    except OSError as e:  # a .pt without its sidecar would still be a candidate: not this one
+        path.unlink(missing_ok=True)
+        raise CheckpointFailed(
+            position.step, _why_failed(e, needed, _free_bytes(path.parent))
+        ) from e
     return meta
 
 
@@ -175,13 +293,21 @@ class Saved:
 
 class CheckpointWriter:
     """One checkpoint write at a time, on a thread of its own. `save` returns once the state
-    is in host memory; `wait` returns when the last write is on disk (and raises its error)."""
+    is in host memory; `wait` returns when the last write is on disk (and raises its error).
+    With `on_failed`, a write that failed (`CheckpointFailed`) is handed to it instead of
+    raised, and `failed` holds it until a later write succeeds: the run goes on."""
 
-    def __init__(self, run_dir: Path, on_saved: Callable[[Saved], None]) -> None:
-        self.run_dir, self.on_saved = run_dir, on_saved
+    def __init__(
+        self,
+        run_dir: Path,
+        on_saved: Callable[[Saved], None],
+        on_failed: Callable[[CheckpointFailed], None] | None = None,
+    ) -> None:
+        self.run_dir, self.on_saved, self.on_failed = run_dir, on_saved, on_failed
         self._copy = _HostCopy()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.failed: CheckpointFailed | None = None
 
     def save(
         self,
@@ -206,7 +332,14 @@ class CheckpointWriter:
                 meta = write_checkpoint(
                     self.run_dir, pos, state[0], state[1], arch, config, loss, finite
                 )
+                self.failed = None
                 self.on_saved(Saved(meta, snapshot_s))
+            except CheckpointFailed as e:
+                self.failed = e
+                if self.on_failed is None:
+                    self._error = e
+                else:
+                    self.on_failed(e)
             except BaseException as e:  # raised on the training thread by the next wait()
                 self._error = e
 

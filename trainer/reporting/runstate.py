@@ -15,6 +15,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from trainer.contract.checkpoints import CheckpointFailure, CheckpointPlan
 from trainer.contract.environment import Preflight
 from trainer.contract.evaluation import EvalInfo
 from trainer.contract.graphs import GraphInfo
@@ -65,6 +66,8 @@ class RunState:
         self.compile = CompileInfo()
         self.target_load: Span | None = None
         self.last_checkpoint: CheckpointInfo | None = None
+        # The checkpoints' forecast size, period and retention, and the newest failed save.
+        self.checkpoints: CheckpointPlan | None = None
         self.exit_code: int | None = None
         self.preflight: Preflight | None = None  # set once, before the target loads
         # Replaced whole by the eval thread (evaluation/online.py).
@@ -149,6 +152,20 @@ class RunState:
     def checkpoint_saved(self, step: int, path: str) -> None:
         with self._lock:
             self.last_checkpoint = CheckpointInfo(step, path, time.time())
+            if self.checkpoints is not None:
+                self.checkpoints = dataclasses.replace(self.checkpoints, failed=None)
+
+    def checkpoint_plan(self, plan: CheckpointPlan) -> None:
+        with self._lock:
+            self.checkpoints = plan
+
+    def checkpoint_failed(self, step: int, message: str) -> None:
+        """A save that failed: said until a later one succeeds (the previous stays the
+        resume point)."""
+        failure = CheckpointFailure(step, message, time.time())
+        with self._lock:
+            plan = self.checkpoints or CheckpointPlan(forecast_bytes=0)
+            self.checkpoints = dataclasses.replace(plan, failed=failure)
 
     # -- threads -----------------------------------------------------------------------
     def register_thread(self, role: str, device: str) -> None:
@@ -263,6 +280,7 @@ class RunState:
                 preflight=self.preflight,
                 eval=self.eval,
                 graphs=dict(self.graphs),
+                checkpoints=self.checkpoints,
             )
             return beat, list(self._threads)
 

@@ -23,7 +23,7 @@ import torch
 
 import trainer
 from trainer.config import Config, ConfigError, one_line
-from trainer.contract.checkpoints import CHECKPOINTS
+from trainer.contract.checkpoints import CHECKPOINTS, CheckpointPlan
 from trainer.contract.codehash import code_hash
 from trainer.contract.heartbeat import DataInfo, DeviceId, ErrorInfo, WandbInfo
 from trainer.contract.phases import (
@@ -39,11 +39,14 @@ from trainer.data.samples import DataError
 from trainer.evaluation.online import OnlineEval
 from trainer.fsutil import atomic_write_json
 from trainer.model.checkpoint import (
+    CheckpointFailed,
     CheckpointWriter,
     Saved,
     TrainPosition,
     checkpoint_path,
+    forecast_bytes,
     load_checkpoint,
+    size,
 )
 from trainer.reporting.heartbeat import HeartbeatWriter, LiveFields
 from trainer.reporting.memory import device_memory
@@ -52,6 +55,7 @@ from trainer.reporting.steplog import RunLog
 from trainer.runtime.compile.artifacts import load_shipped, save_after_warmup
 from trainer.runtime.compile.cache import compile_cache_dir
 from trainer.runtime.faults import FaultPlan
+from trainer.runtime.retention import prune
 from trainer.runtime.signals import SignalHandlers
 
 if TYPE_CHECKING:
@@ -100,7 +104,9 @@ class Run:
         self.graphs_after_warmup: int | None = None
         self._signal_takers: set[str] = set()  # libraries that took our signals (said once)
         self._devices: dict[str, DeviceId] | None = None
-        self.checkpoints = CheckpointWriter(run_dir, self._on_checkpoint_saved)
+        self.checkpoints = CheckpointWriter(
+            run_dir, self._on_checkpoint_saved, self._on_checkpoint_failed
+        )
         self.hb_stop = threading.Event()
         self.heartbeat = HeartbeatWriter(
             run_dir,
@@ -228,9 +234,63 @@ class Run:
         self.state.checkpoint_saved(m.step, rel)
         bad = m.why_not_good()
         self.log.line(
-            f"checkpoint {rel}: {m.bytes / 1e9:.2f} GB in {m.seconds:.1f}s (training waited "
+            f"checkpoint {rel}: {size(m.bytes)} in {m.seconds:.1f}s (training waited "
             f"{saved.snapshot_s:.1f}s)" + (f"; NOT GOOD: {bad}, a restart skips it" if bad else "")
         )
+        try:
+            removed = prune(self.run_dir, self.cfg.train.keep_checkpoints, self.cfg.eval.every)
+        except OSError as e:  # a file that will not go: the run and its checkpoints go on
+            self.log.line(f"checkpoints: pruning failed: {e.strerror or e} ({e.filename})")
+            return
+        if removed:
+            self.log.line(
+                f"checkpoints: removed {', '.join(removed)} (train.keep_checkpoints = "
+                f"{self.cfg.train.keep_checkpoints}; the best held-out τ's and the resume "
+                "point kept)"
+            )
+
+    def _on_checkpoint_failed(self, failed: CheckpointFailed) -> None:
+        """From the writer thread: no part of it is on disk, the previous one stays the
+        resume point, and the run goes on (the operator frees disk; the next save retries)."""
+        self.state.checkpoint_failed(failed.step, failed.message)
+        last = self.state.last_checkpoint
+        self.log.line(
+            f"checkpoint failed: {failed.message} (step {failed.step}; "
+            + (f"the resume point stays step {last.step})" if last else "no checkpoint yet)")
+        )
+
+    def _publish_checkpoint_plan(self, setup: RunSetup) -> None:
+        """The forecast size of a checkpoint, before the first is written: the heartbeat
+        carries it (disk_short) and the log says it beside the run dir's free disk."""
+        trainable = setup.replicas.primary.trainable_state_dict().values()
+        each = forecast_bytes(trainable, setup.arch.to_dict(), self.cfg.to_dict())
+        train = self.cfg.train
+        self.state.checkpoint_plan(
+            CheckpointPlan(each, train.checkpoint_every, train.keep_checkpoints)
+        )
+        try:
+            st = os.statvfs(self.run_dir)
+            free = f"; {size(st.f_bavail * st.f_frsize)} free under the run dir"
+        except OSError:
+            free = ""
+        self.log.line(f"checkpoints: about {size(each)} each (forecast){free}")
+
+    def _final_checkpoint(self, position: TrainPosition, loss: float | None, stopped: bool) -> None:
+        """The last step's checkpoint, and the line that says how the run ended. A final
+        save that failed ends the run all the same (stopped or finished, exit 0): the
+        previous checkpoint is where a restart continues."""
+        self.state.set_phase(CHECKPOINTING)
+        path = self.save(position, loss)
+        self.checkpoints.wait()
+        word = "stopped" if stopped else "finished"
+        at = f"{word} at step {position.step} of {self.state.total_steps}"
+        failed = self.checkpoints.failed
+        if failed is None or failed.step != position.step:
+            self.log.line(f"{at}; checkpoint {path.relative_to(self.run_dir)}")
+            return
+        last = self.state.last_checkpoint
+        resumes = f"resumes from step {last.step}" if last else "no checkpoint of its own"
+        self.log.line(f"{at}; final checkpoint failed: {failed.message}; {resumes}")
 
     # -- the run ---------------------------------------------------------------------
     def execute(self, checkpoint: Path | None) -> int:
@@ -323,6 +383,7 @@ class Run:
             **self._build_options(),
         )
         self.state.total_steps = setup.total_steps
+        self._publish_checkpoint_plan(setup)
         self._report_data(setup)
         if setup.warm_start:
             self.log.line(setup.warm_start)
@@ -441,14 +502,8 @@ class Run:
             final = evaluator.take_result()
             if final is not None:
                 wandb.log({"eval": dataclasses.asdict(final)}, pipe.position.step)
-        self.state.set_phase(CHECKPOINTING)
-        path = self.save(pipe.position, pipe.recent_loss())
-        self.checkpoints.wait()
         stopped = outcome == "stopped"
-        self.log.line(
-            f"{'stopped' if stopped else 'finished'} at step {pipe.position.step} of "
-            f"{setup.total_steps}; checkpoint {path.relative_to(self.run_dir)}"
-        )
+        self._final_checkpoint(pipe.position, pipe.recent_loss(), stopped)
         self.state.set_phase(STOPPED if stopped else FINISHED)
         return EXIT_OK, wandb
 

@@ -379,6 +379,10 @@ def load_target(
         report = fp8_weights.load_block_scaled(base.layers, path, 0, fp8, dtype)
     elif fp8:
         report = fp8_weights.convert_linears(base.layers)
+    if report is not None and device.type == "cuda":
+        # The bf16 weights just replaced go back to the driver, not to the allocator's cache:
+        # on the H200 the 27B FP8 run held 112.7 GB against bf16's 91.1 (12-04).
+        torch.cuda.empty_cache()
     packed = resolve_packed_attention(packed_attention, device, dtype)
     if packed == "varlen" and base.config._attn_implementation != "sdpa":
         # HF calls another attention function than the one varlen is registered as.

@@ -354,9 +354,12 @@ PACKED_KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Any, float | None], 
 
 def install_packed_attention() -> None:
     """Register, as HF's "sdpa" attention function, one that runs a packed kernel for a
-    call carrying `dflash_docs` (and `dflash_kernel`) and HF's own SDPA function for any
-    other call, unchanged. Once per process; idempotent."""
+    call carrying `dflash_docs` (and `dflash_kernel`), grouped-query attention for a call
+    carrying `dflash_grouped_query` (the eval's verify, targets/grouped_attention.py), and
+    HF's own SDPA function for any other call, unchanged. Once per process; idempotent."""
     from transformers import AttentionInterface
+
+    from trainer.targets.grouped_attention import grouped_or
 
     current: Any = AttentionInterface._global_mapping["sdpa"]
     if getattr(current, "dflash_packed", False):
@@ -371,8 +374,11 @@ def install_packed_attention() -> None:
         *args: Any,
         dflash_docs: Any = None,
         dflash_kernel: str = "varlen",
+        dflash_grouped_query: bool = False,
         **kwargs: Any,
     ) -> tuple[Tensor, None]:
+        if dflash_grouped_query and not args:  # the held-out eval's masked verify
+            return grouped_or(current, module, query, key, value, attention_mask, **kwargs)
         if dflash_docs is None:
             return current(module, query, key, value, attention_mask, *args, **kwargs)
         kernel = PACKED_KERNELS[dflash_kernel]

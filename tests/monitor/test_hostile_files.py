@@ -1,0 +1,206 @@
+"""Hostile files in the slots a user names (issue 33): the trainer's `--config`, `dflash-tui
+launch --config`, the monitor's own config.toml and `--known-hosts`. Whatever stands there
+(bytes, TOML of any types, a folder, a FIFO, a device, a file past the cap, a symlink to any
+of these) is read or refused in one line naming the file or key; never a traceback, never a
+hang, never an unbounded read.
+
+Each slot is a class: generated in-process against the real readers (fast, every example
+under an alarm so a blocking read fails instead of hanging), and a handful through the real
+CLI processes. CI runs the `ci` profile (tests/conftest.py: 40 examples, fixed seed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from file_states import FILE_STATES, absent, make, regular_text
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from dflash_tui.control import ControlError, read_config
+from dflash_tui.diagnosis.config import config_for
+from dflash_tui.link.hostkeys import host_key_policy, known_hosts
+from dflash_tui.targets import Target, TargetError, load_groups, resolve_target
+from trainer.config import ConfigError, load_config
+from trainer.contract.textfile import TextFileError
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@contextlib.contextmanager
+def within(seconds: int) -> Iterator[None]:
+    """Fail, rather than hang, when a read blocks (a FIFO opened for reading waits for a
+    writer) or never ends (/dev/zero)."""
+
+    def timeout(*_: object) -> None:
+        raise AssertionError(f"still reading after {seconds}s")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def fresh(tmp_path: Path, name: str) -> Path:
+    """An empty folder per example (examples share the test's tmp_path)."""
+    n = 0
+    while (tmp_path / f"ex{n}").exists():
+        n += 1
+    (tmp_path / f"ex{n}").mkdir()
+    return tmp_path / f"ex{n}" / name
+
+
+def one_line(message: str) -> str:
+    assert message and "\n" not in message, message
+    return message
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@given(state=FILE_STATES)
+def test_launch_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    path = fresh(tmp_path, "launch.toml")
+    make(state, path)
+    try:
+        with within(10):
+            text, _ = read_config(path)
+    except ControlError as e:
+        assert one_line(str(e)).startswith(f"--config {path}: "), e
+    else:
+        assert regular_text(state), state
+        assert len(text.encode()) <= 1 << 20
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@given(state=FILE_STATES)
+def test_trainer_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    path = fresh(tmp_path, "train.toml")
+    make(state, path)
+    try:
+        with within(10):
+            load_config(path)
+    except ConfigError as e:
+        assert one_line(str(e)).startswith("config: "), e
+        if not regular_text(state):
+            assert path.name in str(e), e
+    else:
+        assert regular_text(state), state
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@given(state=FILE_STATES)
+def test_monitor_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """config.toml as every command reads it: a named target (its type-checked keys, the
+    diagnosis baseline it sets) and the groups."""
+    path = fresh(tmp_path, "config.toml")
+    make(state, path)
+    for name in ("a", "local", "gpu-box"):
+        try:
+            with within(10):
+                target = resolve_target(name, config_path=path)
+                config_for(target.extra)
+                load_groups(path)
+        except TargetError as e:
+            line = one_line(str(e))
+            if not regular_text(state) and state != ("missing",):
+                assert line.startswith(f"{path}: "), line
+        else:
+            assert regular_text(state) or state == ("missing",), state
+
+
+# -- through the real processes: a handful per slot ---------------------------------------------
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def the_one_line(r: subprocess.CompletedProcess[str], names: Path) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert str(names) in lines[0], lines[0]
+    return lines[0]
+
+
+REAL = settings(max_examples=8, suppress_health_check=FIXTURES, deadline=None)
+
+
+@REAL
+@given(state=FILE_STATES)
+def test_refused_configs_are_one_line_exit_2_through_the_clis(tmp_path: Path, state: tuple) -> None:
+    assume(not regular_text(state) and state != ("missing",))  # accepted ones would act
+    path = fresh(tmp_path, "c.toml")
+    make(state, path)
+    home = path.parent / "home"
+    home.mkdir()
+    the_one_line(run(["-m", "trainer", "--config", str(path)]), path)
+    the_one_line(
+        run(["-m", "dflash_tui", "launch", "--config", str(path)], {"HOME": str(home)}), path
+    )
+    xdg = path.parent / "xdg"
+    (xdg / "dflash-tui").mkdir(parents=True)
+    make(state, xdg / "dflash-tui" / "config.toml")
+    for argv in (["status"], ["runs", "a"]):
+        r = run(["-m", "dflash_tui", *argv], {"HOME": str(home), "XDG_CONFIG_HOME": str(xdg)})
+        the_one_line(r, xdg / "dflash-tui" / "config.toml")
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[targets.a]\nbaseline_tok_s = "fast"\n', "targets.a.baseline_tok_s = 'fast': must be"),
+        ("[targets]\na = 3\n", "targets.a: must be a table"),
+        ('[targets.a]\ntarget = "user@[host"\n', "targets.a: target 'user@[host'"),
+        ('[targets.a]\ntarget = "ssh://[h"\n', "targets.a: target 'ssh://[h'"),
+        ("[targets.a]\npct = true\n", "targets.a.pct = True: must be a container id"),
+        ("[targets.a]\ntheme = 3\n", "targets.a.theme = 3: must be a string"),
+    ],
+)
+def test_a_wrong_type_in_config_toml_is_named_by_its_key(tmp_path: Path, toml: str, needle: str):
+    cfg = tmp_path / "xdg" / "dflash-tui" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(toml)
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    line = the_one_line(run(["-m", "dflash_tui", "status", "a"], env), cfg)
+    assert needle in line, line
+
+
+@pytest.mark.parametrize("text", ["user@[host", "ssh://user@[host", "ssh://[::1", "ssh://a]b"])
+def test_a_target_with_an_unbalanced_bracket_is_one_line(tmp_path: Path, text: str):
+    r = run(["-m", "dflash_tui", "status", text], {"HOME": str(tmp_path)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1 and f"target {text!r}" in r.stderr, r.stderr
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@given(state=FILE_STATES | st.tuples(st.just("toml"), st.text(max_size=300)))
+def test_known_hosts_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """`--known-hosts FILE` as the CLI reads it before connecting (options.target_from):
+    the policy, then the files."""
+    path = fresh(tmp_path, "known_hosts")
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", port=2222, known_hosts=str(path))
+    try:
+        with within(10):
+            known_hosts(host_key_policy(target, paths=[]))
+    except (TargetError, TextFileError) as e:
+        assert one_line(str(e)) and str(path) in str(e), e
+    else:
+        assert regular_text(state) or absent(state), state
