@@ -17,6 +17,7 @@ from typing import Any
 from dflash_tui import control
 from dflash_tui.evaluation import best_tau
 from dflash_tui.facts import run_outcome
+from dflash_tui.fmt import count, implausible
 from trainer.contract.protocol import RunInfo
 from trainer.contract.records import MetricsRow, parse_metrics_line
 
@@ -134,7 +135,10 @@ def to_json(runs: list[RunData]) -> dict[str, Any]:
 
 
 def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
+    """A figure in its column; one no run can have (1e308 tok/s) said bounded, not in full."""
+    if x is None:
+        return "—"
+    return implausible(x, negative=True) or format(x, fmt)
 
 
 def describe(runs: list[RunData]) -> list[str]:
@@ -144,7 +148,7 @@ def describe(runs: list[RunData]) -> list[str]:
     for r in runs:
         s = summarize(r)
         lines.append(
-            f"{s.run_id[:45]:45s} {s.steps:>6} {_num(s.final_loss, '6.3f'):>6} "
+            f"{s.run_id[:45]:45s} {count(s.steps):>6} {_num(s.final_loss, '6.3f'):>6} "
             f"{_num(s.final_acc, '6.3f'):>6} {_num(s.median_tok_s, ',.0f'):>10} "
             f"{s.best_tau:>8}  {s.outcome}"
         )

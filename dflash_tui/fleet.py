@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash_tui import sanitize
 from dflash_tui.diagnosis import DiagnosisConfig, Finding, diagnose
-from dflash_tui.fmt import duration, rate
+from dflash_tui.fmt import count, duration, rate
 from dflash_tui.headless import EXIT_OK, EXIT_UNREACHABLE, exit_code_for
 from dflash_tui.state import Store
 from dflash_tui.targets import (
@@ -81,7 +81,7 @@ class FleetRow:
             fields.append(f"run {self.run_id or '—'}")
             fields.append(self.phase or "no heartbeat")
             if self.step is not None:
-                fields.append(f"step {self.step}")
+                fields.append(f"step {count(self.step)}")
             if self.tok_s is not None:
                 fields.append(rate(self.tok_s))
             if self.heartbeat_age_s is not None:

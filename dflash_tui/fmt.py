@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -22,9 +23,57 @@ def duration(seconds: float | None, minutes: bool = False) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
+# Figures from the host are untrusted: JSON allows 1e308 and a 400-digit integer, and
+# Python's JSON reader NaN. Printed as they are, one pushed every later field off the line.
+PLAUSIBLE_MAX = 1e12  # no step count, token rate or queue depth of a real run comes near it
+IMPLAUSIBLE = "(implausible)"
+
+
+def implausible(value: Any, limit: float = PLAUSIBLE_MAX, negative: bool = False) -> str | None:
+    """None for a figure a run can write: a finite number within `limit` (and not negative
+    unless `negative`); else what to show instead, bounded and labelled (`>1e12
+    (implausible)`, `NaN (implausible)`, `-3e+05 (implausible)`, `? (not a number)`)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "? (not a number)"
+    if isinstance(value, float) and math.isnan(value):
+        return f"NaN {IMPLAUSIBLE}"
+    if value > limit:
+        return f">{limit:.0e} {IMPLAUSIBLE}".replace("e+", "e")
+    if value < -limit:
+        return f"<-{limit:.0e} {IMPLAUSIBLE}".replace("e+", "e")
+    if value < 0 and not negative:
+        return f"{float(value):.3g} {IMPLAUSIBLE}"
+    return None
+
+
+def count(n: Any, limit: float = PLAUSIBLE_MAX, sep: str = "") -> str:
+    """A whole count from the host (a step, a queue depth), bounded and labelled; `sep` ","
+    groups its thousands."""
+    bad = implausible(n, limit)
+    if bad is not None:
+        return bad
+    return f"{n:{sep}.0f}" if isinstance(n, float) else f"{n:{sep}d}"
+
+
+def real(x: Any, digits: int = 3) -> str:
+    """A measured real (a loss, a norm) in a bounded width: fixed point while it is short,
+    else scientific; NaN and infinities as such (a diverged loss is news, not noise)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return "? (not a number)"
+    if not isinstance(x, float) and abs(x) >= 1e300:  # an int too large for a float
+        x = math.inf if x > 0 else -math.inf
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.{digits}f}" if abs(x) < 1e6 else f"{x:.{digits}e}"
+
+
 def rate(tok_s: Any) -> str:
-    if not isinstance(tok_s, int | float):
+    if isinstance(tok_s, bool) or not isinstance(tok_s, int | float):
         return "? tok/s"
+    bad = implausible(tok_s)
+    if bad is not None:
+        return f"{bad} tok/s"
     return f"{tok_s / 1e3:.1f}K tok/s" if tok_s >= 1000 else f"{tok_s:.0f} tok/s"
 
 

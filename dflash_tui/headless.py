@@ -91,7 +91,7 @@ from dflash_tui import (
     stages,
 )
 from dflash_tui.diagnosis import Finding, config_for, diagnose
-from dflash_tui.fmt import BARS, duration, rate
+from dflash_tui.fmt import BARS, count, duration, rate, real
 from dflash_tui.link.events import LinkStatus, SinkEvent, event_json
 from dflash_tui.link.link import Link
 from dflash_tui.notify import Notifier
@@ -155,7 +155,7 @@ def status_line(
     fields: list[tuple[int, str]] = [
         (
             0,
-            f"{clock} {phase or 'no run'}"
+            f"{clock} {phase or ('heartbeat unreadable' if s.heartbeat_error else 'no run')}"
             + (f" {duration(in_phase)}" if phase and in_phase is not None else "")
             + (f" {graphs}" if graphs else "")
             + (f" [{s.link.state}]" if s.link.state != "connected" else ""),
@@ -164,11 +164,11 @@ def status_line(
     if s.malformed:
         fields.append((1, f"{s.malformed} malformed lines skipped"))
     if hb is not None:
-        fields.append((2, f"step {hb.step}"))
+        fields.append((2, f"step {count(hb.step)}"))
         fields.append((3, rate(hb.tok_s)))
     loss = s.last_loss()
     if loss is not None:
-        fields.append((5, f"loss {loss:.3f}"))
+        fields.append((5, f"loss {real(loss)}"))
     tau = evaluation.summary(s.eval_info())
     if tau is not None:
         fields.append((6, tau.short(unicode)))
@@ -211,7 +211,7 @@ def queues_text(q_pre: list[QueueDepth], q_hs: list[QueueDepth]) -> str:
     """Each queue as depth/capacity, as the TUI's gauges say it: `q_pre 3/8 2/8 q_hs 4/8`."""
 
     def each(queues: list[QueueDepth]) -> str:
-        return " ".join(f"{q.depth}/{q.capacity}" for q in queues) or "-"
+        return " ".join(f"{count(q.depth)}/{count(q.capacity)}" for q in queues) or "-"
 
     return f"q_pre {each(q_pre)} q_hs {each(q_hs)}"
 

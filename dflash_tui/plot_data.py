@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from dflash_tui.fmt import PLAUSIBLE_MAX
 from dflash_tui.state import Store
 
 RECENT_ROWS = 100  # the loss window: the last rows' min..max
@@ -25,8 +26,11 @@ def recent_range(
     values = list(values)
     # The last `tail` rows, but never the first quarter of a short run: that is the warm-up.
     start = max(len(values) - tail, len(values) // 4)
+    # Plausible values only: a hostile 1e308 made the window's span infinite, its limits NaN.
     recent = [
-        v for v in values[start:] if v is not None and math.isfinite(v) and (v > 0 or not log)
+        v
+        for v in values[start:]
+        if v is not None and math.isfinite(v) and abs(v) <= PLAUSIBLE_MAX and (v > 0 or not log)
     ]
     if not recent:
         return None

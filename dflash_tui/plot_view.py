@@ -8,6 +8,7 @@ Pure Python: widgets/plots.py draws what this decides.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -81,7 +82,11 @@ def minutes(row: Row) -> float:
 
 
 def x_of(row: Row, axis: str) -> float:
-    return minutes(row) if axis == TIME else float(row.step)
+    if axis == TIME:
+        return minutes(row)
+    # A step no run reaches (a hostile row's 400 digits) has no place on the axis: NaN, which
+    # the plots leave out, where float() would raise.
+    return float(row.step) if abs(row.step) <= fmt.PLAUSIBLE_MAX else math.nan
 
 
 def xlabel(axis: str) -> str:
@@ -139,7 +144,7 @@ def move_cursor(rows: Sequence[Row], step: int | None, by: int) -> int | None:
 
 
 def _number(v: float | None, digits: int) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
+    return "—" if v is None else fmt.real(v, digits)  # bounded: a row may say 1e308
 
 
 def readout(
@@ -163,10 +168,10 @@ def readout(
             raw = [float(getattr(r, name)) for r in rows[: i + 1]]
             text = _number(raw[-1], digits)
             if smoothing > 0:
-                text += f" ≈{ema(raw, smoothing)[-1]:.{digits}f}"
+                text += f" ≈{fmt.real(ema(raw, smoothing)[-1], digits)}"
             return text
 
-        parts.append(f"step {row.step} · {minutes(row):.1f} min")
+        parts.append(f"step {fmt.count(row.step)} · {fmt.real(minutes(row), 1)} min")
         parts.append(fmt.rate(row.tok_s))
         parts.append(f"loss {value('loss', 3)}")
         parts.append(f"acc {value('acc', 3)}")

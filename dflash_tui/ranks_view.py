@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from dflash_tui import rank_balance
-from dflash_tui.fmt import rate
+from dflash_tui.fmt import count, rate
 from trainer.contract.phases import FINAL_PHASES
 from trainer.contract.protocol import RankHeartbeatEvent
 from trainer.contract.ranks import MAX_RANKS, RankHeartbeat, parse_rank_heartbeat
@@ -68,7 +68,7 @@ def lines(ranks: dict[int, RankSeen]) -> list[str]:
             out.append(f"rank {rank}: unreadable ({seen.error})")
             continue
         lag = behind.get(rank, 0.0)
-        text = f"{name(b)} pid {b.pid} on {b.host}, {b.device}: {b.phase}, step {b.step}"
+        text = f"{name(b)} pid {b.pid} on {b.host}, {b.device}: {b.phase}, step {count(b.step)}"
         if (work := loop_text(b)) is not None:
             text += f", {work}"
         if lag >= 1.0 and b.phase not in FINAL_PHASES:

@@ -12,6 +12,7 @@ import json
 from dflash_tui import control
 from dflash_tui.compare import flatten
 from dflash_tui.facts import run_outcome
+from dflash_tui.fmt import count
 from dflash_tui.restart_offer import error_line, launch_record, offending
 from dflash_tui.state import Store
 from trainer.contract.protocol import RunInfo
@@ -58,12 +59,12 @@ def describe(
             f"name     {run.name or '—'}",
             f"created  {_when(run.created)}",
             f"outcome  {outcome.summary}",
-            f"steps    {run.steps}" + (f" (phase {run.phase})" if run.phase else ""),
+            f"steps    {count(run.steps)}" + (f" (phase {run.phase})" if run.phase else ""),
         ]
         if run.best_tok_s:
             lines.append(
-                f"tok/s    best {run.best_tok_s:,.0f}"
-                + (f", last {run.last_tok_s:,.0f}" if run.last_tok_s else "")
+                f"tok/s    best {count(run.best_tok_s, sep=',')}"
+                + (f", last {count(run.last_tok_s, sep=',')}" if run.last_tok_s else "")
             )
         e = run.exit
         if e is not None:

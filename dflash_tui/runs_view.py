@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from dflash_tui.evaluation import best_tau
 from dflash_tui.facts import run_outcome
+from dflash_tui.fmt import count, implausible
 from trainer.contract.outcomes import OUTCOMES
 from trainer.contract.protocol import RunInfo
 
@@ -127,14 +128,21 @@ class Column:
 
 
 def _tok_s(r: RunInfo) -> str:
-    return "—" if r.best_tok_s is None else f"{r.best_tok_s:,.0f}"
+    return "—" if r.best_tok_s is None else implausible(r.best_tok_s) or f"{r.best_tok_s:,.0f}"
+
+
+def _outcome(r: RunInfo) -> str:
+    """How it ended, and the run's files the agent refused (a folder or FIFO where a file
+    should be, a torn record): named here, since the outcome was settled without them."""
+    bad = f" (unreadable: {', '.join(r.unreadable)})" if r.unreadable else ""
+    return run_outcome(r).summary + bad
 
 
 # In priority order: at a narrow width the last ones go first (the id and how it ended stay).
 COLUMNS = (
     Column("id", "RUN ID", lambda r: r.run_id),
-    Column("outcome", "OUTCOME", lambda r: run_outcome(r).summary, flexible=True, min_width=16),
-    Column("steps", "STEPS", lambda r: str(shown_steps(r)), right=True),
+    Column("outcome", "OUTCOME", _outcome, flexible=True, min_width=16),
+    Column("steps", "STEPS", lambda r: count(shown_steps(r)), right=True),
     Column("toks", "BEST TOK/S", _tok_s, right=True),
     Column("tau", "BEST τ", best_tau, right=True),
     Column("phase", "PHASE", lambda r: r.phase or "—"),

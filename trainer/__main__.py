@@ -33,6 +33,7 @@ from trainer.config import (
     show_path,
 )
 from trainer.fsutil import atomic_write_json
+from trainer.runtime import launch_lock
 from trainer.runtime.compile.cache import configure_compile_cache
 from trainer.runtime.run_dir import prepare_run_dir
 
@@ -170,9 +171,16 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = resume_checkpoint(args.resume)
             meta["checkpoint"] = str(checkpoint.resolve())
         processes = cfg.runtime.mode == "processes"
+        # The launch lock, as the agent's launch holds it (a launched trainer has it
+        # already); a torchrun rank leaves it to its launcher, which holds it.
+        lock = None
+        if "WORLD_SIZE" not in os.environ:
+            lock = launch_lock.hold(args.run_dir.parent if args.run_dir else args.run_root)
         # A torchrun job's run dir is made by one rank (trainer/distributed/layout.py).
         if not processes:
             run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)
+            if lock is not None:
+                launch_lock.name_active(run_dir.parent, run_dir.name)
     except ConfigError as e:
         for line in error_lines(e):  # one per bad --set
             print(f"error: {line}", file=sys.stderr)

@@ -12,8 +12,12 @@ the run's:
 - for a launched run (launch.json is there), it leads that group (the wrapper starts the
   trainer so) and holds the run root's launch lock itself:
   one of its descriptors is open on RUN_ROOT/.launch.lock and holds the flock, the lock the
-  agent took at launch and handed down (a run started by hand has no lock: the first two
-  must do).
+  agent took at launch and handed down;
+- for a run started by hand (no launch.json), it, or its parent in the same group (a
+  processes-mode job's heartbeat names the writer rank, its torchrun launcher holds the
+  lock), holds that lock: `python -m trainer` takes it itself
+  (trainer/runtime/launch_lock.py). Without this, a heartbeat forged to name any process
+  (its pid, start time and group are all readable from /proc) got that stranger killed.
 
 A run dir with no start time recorded (schema 1, an older trainer) proves nothing: refused,
 never guessed. Any other process a signal reaches must be a member of that process group,
@@ -40,6 +44,7 @@ from dflash_tui.agent.errors import CommandError
 from dflash_tui.agent.procs import (
     group_members,
     group_pids,
+    holder_in_line,
     holds_flock,
     pid_alive,
     proc_group,
@@ -147,17 +152,19 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
     group = proc_group(pid)
     if group != proc.pgid:
         return False, f"pid {pid} has left process group {proc.pgid} (it is in {group})"
+    lock = runs.lock_path()
     if proc.launched:
         if pid != proc.pgid:  # the wrapper starts the trainer as its group's leader
             return False, f"pid {pid} is not the leader of its recorded group {proc.pgid}"
-        held = holds_flock(pid, runs.lock_path())
-        if held is None:
-            return False, f"pid {pid}'s descriptors cannot be read (another user's process?)"
-        if not held:
-            return False, (
-                f"pid {pid} does not hold {runs.lock_path()}, which a launched run holds "
-                "for its whole life"
-            )
+        held: bool | int | None = holds_flock(pid, lock)
+        whose = "a launched run holds for its whole life"
+    else:
+        held = holder_in_line(pid, group, lock)
+        whose = "a run started by hand (python -m trainer) holds for its whole life"
+    if held is None:
+        return False, f"pid {pid}'s descriptors cannot be read (another user's process?)"
+    if held is False:
+        return False, f"pid {pid} does not hold {lock}, which {whose}"
     return None
 
 

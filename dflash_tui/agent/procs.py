@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import pwd
 
+from trainer.contract.lock_holder import holds_flock
+
 # Indexes into the fields after the command name in /proc/PID/stat (field 3 is index 0).
 _STATE = 0  # field 3: R, S, D, Z, ...
+_PPID = 1  # field 4
 _PGRP = 2  # field 5
 _START = 19  # field 22: start time, clock ticks after boot
 
@@ -62,6 +65,26 @@ def proc_group(pid: int) -> int | None:
     """The process group of a live (non-zombie) process; None when it is gone."""
     fields = _stat(pid)
     return int(fields[_PGRP]) if fields is not None and fields[_STATE] != "Z" else None
+
+
+def holder_in_line(pid: int, pgid: int, path: str, depth: int = 8) -> int | bool | None:
+    """The process, `pid` or one of its ancestors in its own process group `pgid` (at most
+    `depth` up), that holds the flock on `path` itself -> its pid; False when none does;
+    None when one's descriptors cannot be read. A trainer started by hand holds the launch
+    lock itself; in processes mode its torchrun launcher does, and the job's heartbeat
+    names the writer rank, the launcher's child."""
+    for _ in range(depth):
+        held = holds_flock(pid, path)
+        if held is None or held:
+            return pid if held else None
+        fields = _stat(pid)
+        if fields is None:
+            return False
+        parent = int(fields[_PPID])
+        if parent <= 1 or proc_group(parent) != pgid:
+            return False
+        pid = parent
+    return False
 
 
 def group_members(pgid: int) -> list[tuple[int, int]]:
@@ -116,32 +139,3 @@ def command_of(pid: int, limit: int) -> str:
 
 def ticks_to_s(ticks: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def holds_flock(pid: int, path: str) -> bool | None:
-    """Whether the process holds the flock on `path` itself: one of its descriptors is open on
-    that file and its open file description holds the lock (the `lock:` line the kernel shows
-    in /proc/PID/fdinfo/FD for that description only). None when its descriptors cannot be
-    read (another user's process)."""
-    try:
-        target = os.stat(path)
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except PermissionError:
-        return None
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")  # the open file itself
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) != (target.st_dev, target.st_ino):
-            continue
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                info = f.read(65536).decode("ascii", "replace")
-        except OSError:
-            continue
-        if any(line.startswith("lock:") and " FLOCK " in line for line in info.splitlines()):
-            return True
-    return False

@@ -34,11 +34,13 @@ from trainer.contract.outcomes import CRASH, DIED, outcome_of
 from trainer.contract.phases import phase_durations
 from trainer.contract.protocol import RunEval, RunInfo
 from trainer.contract.records import (
+    ACTIVE,
     CHECKPOINTS,
     CONFIG,
     EXIT,
     HEARTBEAT,
     LAUNCH,
+    LAUNCH_LOCK,
     LAUNCH_LOG,
     METRICS,
     RUN_FILES,
@@ -53,8 +55,8 @@ from trainer.contract.records import (
 from trainer.contract.steplines import parse_step_line
 from trainer.contract.typed import Unreadable, read_bounded
 
-LOCK_NAME = ".launch.lock"  # flock-ed while a launched run lives
-ACTIVE_NAME = ".active.json"  # which run holds the lock: {run_id, wrapper_pid}
+LOCK_NAME = LAUNCH_LOCK  # flock-ed while a run lives (launched, or started by hand)
+ACTIVE_NAME = ACTIVE  # which run holds the lock: {run_id, wrapper_pid}
 SAFE_ID = SAFE_NAME  # a run id: one plain name, no `..`, no slash
 CHECKPOINT_NAME = re.compile(r"^step-\d+\.pt$")
 LAST_WORDS_BYTES = 16 * 1024  # how much of a log's end to search for its last words
@@ -258,6 +260,14 @@ def _is_real(path: str, kind: int) -> bool:
         return False
 
 
+def _is_there_not_a_file(path: str) -> bool:
+    """Something other than a regular file is at `path` (a folder, a FIFO, a symlink)."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class AliveProbe:
     """`RunRoot.alive_run` for the agent's loop, which must never sleep (a line waiting to go
     out waited with it: 40 ms once a second while a run held the lock, issue 32). Each
@@ -456,6 +466,9 @@ class RunRoot:
             # Only these summaries quote the logs: read them only for these runs.
             outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d), resume)
         best, last, steps = self._metrics_summary(run_id, d)
+        for name in (METRICS, TRAIN_LOG):  # followed, not decoded: refused if not a file
+            if _is_there_not_a_file(os.path.join(d, name)):
+                unreadable.append(name)
         name = config.get("name") if config is not None else None
         return RunInfo(
             run_id=run_id,

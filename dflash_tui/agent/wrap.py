@@ -27,12 +27,14 @@ from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.records import (
     HEARTBEAT,
     LAUNCH,
+    MAX_RECORD_BYTES,
     TRAIN_LOG,
     ExitRecord,
     OomCheck,
     write_exit,
     write_json_atomic,
 )
+from trainer.contract.typed import read_bounded
 
 EXIT_COULD_NOT_START = 127  # the shell's "command not found", and outcomes.py's
 
@@ -70,15 +72,19 @@ def update_launch(run_dir: str, **fields: Any) -> None:
     """Add the started trainer's facts to launch.json. Keys this wrapper does not know stay:
     the agent that wrote the file may be newer than this deployed copy."""
     path = os.path.join(run_dir, LAUNCH)
+    # Bounded, a regular file only: a FIFO planted there would block the wrapper for good.
+    raw = read_bounded(path, MAX_RECORD_BYTES)
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read())
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(raw) if isinstance(raw, bytes) else None
+    except (ValueError, RecursionError):
         data = None
     if not isinstance(data, dict):
         data = {"run_id": os.path.basename(run_dir)}
     data.update(fields)
-    write_json_atomic(path, data)
+    try:
+        write_json_atomic(path, data)
+    except OSError as e:  # a folder planted there: said, and the trainer still waited for
+        print(f"could not record the trainer in {path}: {e.strerror or e}", flush=True)
 
 
 def _signal_name(number: int) -> str:

@@ -25,7 +25,7 @@ from dflash_tui.facts import (
     phase_comparison,
     phase_expectation,
 )
-from dflash_tui.fmt import duration
+from dflash_tui.fmt import count, duration
 from dflash_tui.state import Store
 from trainer.contract.heartbeat import (
     SAVING_CHECKPOINT,
@@ -101,7 +101,7 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             Finding(
                 "critical",
                 "checkpoint_stalled",
-                f"checkpoint after step {hb.step} stalled in {where}",
+                f"checkpoint after step {count(hb.step)} stalled in {where}",
                 f"heartbeat fresh, checkpointing for {dur(hb.now - hb.phase_started_at)}, "
                 f"no step for {dur(since_step)}"
                 + (f"; a save usually takes {dur(usual[0])} ({usual[1]})" if usual else ""),
@@ -114,7 +114,7 @@ def stalled_loop(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
             "critical",
             "loop_stalled",
             f"training loop stalled in {where}",
-            f"heartbeat fresh, but no step for {dur(since_step)} (step {hb.step})",
+            f"heartbeat fresh, but no step for {dur(since_step)} (step {count(hb.step)})",
             "dump stacks (d) to see where it waits",
         )
     ]
@@ -176,7 +176,7 @@ def stop_stalled(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         Finding(
             "warning",
             "stop_stalled",
-            f"stopping for {dur(elapsed)} at step {hb.step}",
+            f"stopping for {dur(elapsed)} at step {count(hb.step)}",
             f"heartbeat fresh, stopping for {dur(elapsed)}; {against}{where}",
             "dump stacks (d) to see what the stop waits for; kill (K) sends SIGKILL after its "
             "timeout (the newest good checkpoint stays)",
@@ -226,7 +226,7 @@ def output_buffered(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
             "warning",
             "output_buffered",
             "output buffered: steps advance, no step line",
-            f"heartbeat at step {hb.step}, train.log's last step line is "
+            f"heartbeat at step {count(hb.step)}, train.log's last step line is "
             f"{'step ' + str(last_line_step) if s.step_lines else 'none'}{since}",
             "run python with -u or PYTHONUNBUFFERED=1, or print(..., flush=True)",
         )
@@ -374,8 +374,8 @@ def no_step_line_yet(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
             Finding(
                 "info",
                 "no_step_line",
-                f"{in_phase}, step {hb.step}, no step line yet",
-                f"heartbeat: {in_phase}, steps advance (step {hb.step}, last {ago} ago); "
+                f"{in_phase}, step {count(hb.step)}, no step line yet",
+                f"heartbeat: {in_phase}, steps advance (step {count(hb.step)}, last {ago} ago); "
                 f"{log}{run}",
                 "training runs; step lines appear at the first logged step unless stdout is "
                 "buffered",
@@ -386,7 +386,9 @@ def no_step_line_yet(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
             "info",
             "no_step_line",
             f"{in_phase}, no step yet",
-            f"heartbeat: {in_phase}" + (f" ({expect})" if expect else "") + f", step {hb.step}; "
+            f"heartbeat: {in_phase}"
+            + (f" ({expect})" if expect else "")
+            + f", step {count(hb.step)}; "
             f"{log}{run}",
             "not training yet: wandb prints at start-up; wait for the phase to end",
         )

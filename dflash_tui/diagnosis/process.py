@@ -270,6 +270,39 @@ def stale_heartbeat(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG)
     ]
 
 
+@rule(
+    Code(
+        "heartbeat_unreadable",
+        ("warning",),
+        "heartbeat.json is there but unreadable (torn, foreign, or not a file)",
+    ),
+    reads="the agent's heartbeat error (the contract's reader said why the file is unreadable)",
+    decides="The followed run's heartbeat.json was read and refused: not JSON, a field of the "
+    "wrong type or missing (`run_id`), a folder or FIFO in its place. The last good heartbeat, "
+    "if any, stays on screen; this names the file and the reason.",
+    action="look at RUN_DIR/heartbeat.json on the host: a trainer newer than this monitor "
+    "(upgrade dflash-tui), or something other than the trainer wrote there",
+)
+def heartbeat_unreadable(
+    s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
+) -> list[Finding]:
+    """Without this an unreadable heartbeat looked like no run at all (`no run`, exit 0)."""
+    error = s.heartbeat_error
+    if error is None or s.run_id is None:
+        return []
+    why = error.split(" unreadable: ", 1)[-1]
+    kept = " (the last good one is shown)" if s.heartbeat is not None else ""
+    return [
+        Finding(
+            "warning",
+            "heartbeat_unreadable",
+            f"heartbeat.json of {s.run_id} is unreadable: {why}",
+            f"the agent read {s.run_dir or s.run_id}/heartbeat.json and refused it{kept}",
+            "look at the file on the host: a newer trainer (upgrade dflash-tui) or another writer",
+        )
+    ]
+
+
 # -- rules: the run's lifetime and its surroundings -----------------------------------------
 @rule(
     Code("memory_held", ("warning",), "GPU memory is still held after the run ended"),

@@ -13,6 +13,7 @@ from dflash_tui.diagnosis.config import (
     DiagnosisConfig,
 )
 from dflash_tui.diagnosis.registry import Code, Finding, rule
+from dflash_tui.fmt import count
 from dflash_tui.state import Store
 from trainer.contract.phases import (
     FINAL_PHASES,
@@ -51,7 +52,7 @@ def rank_silent(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
                 "rank_silent",
                 f"{ranks_view.name(b)} silent on {b.host}",
                 f"its heartbeat is {dur(lag)} behind the freshest rank's (pid {b.pid}, "
-                f"{b.device}, last phase {b.phase} at step {b.step}); each rank rewrites it "
+                f"{b.device}, last phase {b.phase} at step {count(b.step)}); each rank rewrites it "
                 "every <= 2 s",
                 "dump stacks (d): its section says where it waits; if it answers nothing, "
                 "kill (K) and restart (r)",
@@ -80,7 +81,7 @@ def rank_failed(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> 
             "critical",
             "rank_failed",
             f"{ranks_view.name(b)} failed on {b.host}",
-            f"{b.error.message} (rank {b.rank}, pid {b.pid}, {b.device}, step {b.step})",
+            f"{b.error.message} (rank {b.rank}, pid {b.pid}, {b.device}, step {count(b.step)})",
             "the job stops within seconds; read its log ("
             + ("train.log" if b.writer else f"ranks/rank-{b.rank}/train.log")
             + "), fix, then restart (r) from the last checkpoint",

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dflash_tui import sanitize
-from dflash_tui.fmt import duration, rate
+from dflash_tui.fmt import count, duration, rate
 from dflash_tui.state import Store
 from dflash_tui.widgets import quiet, safe
 
@@ -72,7 +72,7 @@ class StatusBar(Static):
             if age is not None:
                 phase_part.append(f" {duration(age, s.outcome() is not None)}")
         hb = s.heartbeat
-        step = Text(f"step {hb.step}", style="bold") if hb is not None else Text()
+        step = Text(f"step {count(hb.step)}", style="bold") if hb is not None else Text()
         toks = Text(rate(hb.tok_s)) if hb is not None and hb.tok_s is not None else Text()
         malformed = (
             Text(f"{s.malformed} malformed lines skipped", style="yellow")

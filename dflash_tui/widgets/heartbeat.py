@@ -10,7 +10,7 @@ from textual.widgets import Static
 from dflash_tui import compile_progress, cuda_graphs, evaluation, offline
 from dflash_tui.diagnosis import wandb_info
 from dflash_tui.facts import phase_expectation
-from dflash_tui.fmt import duration, rate
+from dflash_tui.fmt import count, duration, rate
 from dflash_tui.state import Store
 from dflash_tui.widgets import quiet, safe
 
@@ -72,9 +72,9 @@ class HeartbeatPane(Static):
         since = s.remote_now() - hb.last_step_at if hb.last_step_at is not None else None
         t.add_row(
             "last step",
-            f"step {hb.step} · {duration(since, ended)} ago"
+            f"step {count(hb.step)} · {duration(since, ended)} ago"
             if since is not None
-            else f"step {hb.step} · none yet",
+            else f"step {count(hb.step)} · none yet",
         )
         t.add_row("throughput", rate(hb.tok_s))
         tau = evaluation.of_store(s)

@@ -28,6 +28,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from dflash_tui import plot_data, plot_view
+from dflash_tui.fmt import PLAUSIBLE_MAX
 from dflash_tui.state import Store
 from dflash_tui.widgets import palette, safe
 from trainer.contract.records import MetricsRow
@@ -39,7 +40,9 @@ DRAW_EVERY_S = 1.0  # new points wait this long after a panel's last draw (a plo
 
 
 def _finite(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v)
+    """A value a plot can take: finite and plausible. plotext's tick labels turn a range of
+    1e308 into NaN and raise, which took the whole TUI down with one hostile metrics row."""
+    return isinstance(v, int | float) and math.isfinite(v) and abs(v) <= PLAUSIBLE_MAX
 
 
 def _thousands(title: str, y: list[float | None]) -> tuple[str, list[float | None]]:
@@ -247,6 +250,7 @@ class Plots(Widget, can_focus=True):
         why = "" if rows else plot_data.why_no_metrics(s)
         row = plot_view.cursor_row(rows, self.cursor)
         cursor = None if row is None else plot_view.x_of(row, axis)
+        cursor = cursor if _finite(cursor) else None
         xlabel = plot_view.xlabel(axis)
 
         def points(
@@ -255,7 +259,9 @@ class Plots(Widget, can_focus=True):
             # Only the rows that carry the value: a None (an older trainer's row) or a NaN
             # would break the line, and NaN != NaN would redraw the panel at every update.
             pts = [
-                (x, float(v)) for x, v in zip(xs, y, strict=True) if v is not None and _finite(v)
+                (x, float(v))
+                for x, v in zip(xs, y, strict=True)
+                if v is not None and _finite(v) and _finite(x)
             ]
             ys = self._smooth(name, [v for _, v in pts], smoothing)
             return tuple(x for x, _ in pts), tuple(ys)

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from dflash_tui.fmt import bar
+from dflash_tui.fmt import bar, count
 from dflash_tui.state import Store
 from dflash_tui.widgets import palette, quiet
 
@@ -27,10 +27,12 @@ class QueuePane(Static):
         for name, depths in (("q_pre", queues.q_pre), ("q_hs", queues.q_hs)) if queues else ():
             for i, q in enumerate(depths):
                 depth, cap = q.depth, max(1, q.capacity)
-                frac = depth / cap
+                # min() first: a 400-digit depth from a hostile file overflows a float division
+                frac = min(depth, cap) / cap
                 role = "error" if frac == 0 else "warning" if frac >= 1 else "success"
                 colour = palette.hex_of(self.app, role)
-                t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), f"{depth}/{cap}")
+                shown = f"{count(depth)}/{count(cap)}"
+                t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), shown)
         if not t.rows:
             quiet.update(self, Text("no queues yet", style="dim"))
         else:

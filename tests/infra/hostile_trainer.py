@@ -6,8 +6,8 @@ and the trainer's own SIGUSR1 stack dump (trainer/runtime/signals.py) with a thr
     python tests/infra/hostile_trainer.py RUN_DIR TEXT_FILE HEARTBEAT_SEED
 
 The stand-in is only the training loop (a test cannot make the real trainer name a thread
-`\\x1b]0;…`); the files it writes, the signal handling and the dump are the real trainer's
-formats, read by the real agent.
+`\\x1b]0;…`); the files it writes, the signal handling, the dump and the launch lock it
+holds (trainer/runtime/launch_lock.py) are the real trainer's, read by the real agent.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from trainer.runtime import launch_lock
 from trainer.runtime.signals import SignalHandlers
 
 
@@ -31,6 +32,7 @@ def proc_start() -> int:
 
 def main() -> None:
     run_dir, text = Path(sys.argv[1]), Path(sys.argv[2]).read_text()
+    launch_lock.hold(run_dir.parent)  # as `python -m trainer` started by hand does
     hb = json.loads(Path(sys.argv[3]).read_text())
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait, name=f"drafter-0 {text}", daemon=True)

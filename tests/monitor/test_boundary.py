@@ -90,8 +90,14 @@ def test_malformed_lines_are_counted_and_the_last_good_heartbeat_kept() -> None:
     assert s.heartbeat is good and s.heartbeat.step == hb(evs)["step"]  # the last good one
     assert s.heartbeat_error == "heartbeat unreadable: queues: expected an object, got list"
     assert len(s.metrics) == 3 and len(s.heartbeats) == 1
-    # every view still works
-    assert diagnose(s, NOW) == before == []
+    # every view still works, and the unreadable heartbeat is named (issue 33), nothing else
+    assert before == []
+    assert [(f.code, f.title) for f in diagnose(s, NOW)] == [
+        (
+            "heartbeat_unreadable",
+            f"heartbeat.json of {s.run_id} is unreadable: queues: expected an object, got list",
+        )
+    ]
     line = status_line(s, [], now=NOW)
     assert "step 20482" in line and "[idle] | 5 malformed lines skipped | step" in line
     snap = s.to_json(NOW)
@@ -120,7 +126,9 @@ def test_malformed_lines_in_the_tui() -> None:
             assert "heartbeat unreadable: queues: expected an object" in pane
             assert "50/64" in plain(app.query_one(QueuePane))
             assert "/140G" in plain(app.query_one(GpuPane))
-            assert "nothing wrong" in plain(app.query_one(AlertsPane))
+            alerts = plain(app.query_one(AlertsPane))  # named, the only finding (issue 33)
+            assert alerts.startswith("● warning: heartbeat.json of ") and alerts.count("●") == 1
+            assert "is unreadable: queues: expected an object, got list" in alerts
 
     asyncio.run(go())
 

@@ -277,6 +277,124 @@ def test_a_launched_run_whose_process_does_not_hold_the_lock_is_not_signalled(
     assert run.alive() and run.signals() == []
 
 
+def test_a_forged_heartbeat_naming_a_stranger_is_refused_and_the_stranger_lives(
+    agent_factory,  # noqa: F811
+    tmp_path,
+):
+    """No launch.json: a heartbeat naming a stranger (a real `sleep`) by its pid, start time
+    and group, all readable from /proc. It holds no launch lock, so nothing proves it is the
+    run: kill and dump-stacks refuse in one line, through the agent and the CLI, and it lives."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        write_run(root, OLD, stranger.pid, proc_start(stranger.pid), launched=False)
+        agent = agent_factory(root)
+        assert agent.runs()[OLD]["alive"]  # it looks alive: only the lock tells it apart
+        refusal = f"pid {stranger.pid} does not hold {root / '.launch.lock'}"
+        for cmd in (
+            {"cmd": "kill", "run_id": OLD, "timeout_s": 2, "drain_timeout_s": 1},
+            {"cmd": "dump_stacks", "run_id": OLD, "timeout_s": 2, "pyspy": False},
+        ):
+            got = agent.request(cmd)
+            error = one_line(got["error"])
+            assert got["ok"] is False and refusal in error and error.endswith("not signalled")
+        where = ["local", "--run-root", str(root), "--remote-dir", str(tmp_path / "remote")]
+        r = subprocess.run(
+            [sys.executable, "-m", "dflash_tui", "kill", *where, "--run", OLD, "--timeout", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode != 0 and refusal in one_line(r.stderr), r
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the stranger was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+# A processes-mode job started by hand: the torchrun launcher holds the lock, and the job's
+# heartbeat names the writer rank, its child in the same group. Prints the child's pid.
+LOCK_HOLDING_LAUNCHER = r"""
+import fcntl, os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+child = subprocess.Popen(["sleep", "300"])  # close_fds: the rank does not hold the lock
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+def test_a_job_by_hand_is_proven_by_its_launcher_holding_the_lock(
+    agent_factory,  # noqa: F811
+    tmp_path,
+):
+    root = tmp_path / "runs"
+    root.mkdir()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDING_LAUNCHER, str(root / ".launch.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        rank = int(launcher.stdout.readline())
+        d = write_run(root, OLD, rank, proc_start(rank), launched=False)
+        hb = json.loads((d / "heartbeat.json").read_text())
+        (d / "heartbeat.json").write_text(json.dumps({**hb, "pgid": launcher.pid}))
+        agent = agent_factory(root)
+        got = agent.request({"cmd": "kill", "run_id": OLD, "timeout_s": 10, "drain_timeout_s": 1})
+        assert got["ok"], got
+        assert sorted(got["data"]["pids"]) == sorted([launcher.pid, rank])
+        assert launcher.wait(10) is not None
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+
+
+def test_a_trainer_started_by_hand_holds_the_launch_lock(agent_factory, tmp_path):  # noqa: F811
+    """`python -m trainer` started by hand takes the run root's launch lock as a launch does:
+    a second one there is refused in one line (exit 2), and the agent proves the first by the
+    lock and kills it."""
+    root = tmp_path / "runs"
+    tiny = ROOT / "trainer" / "configs" / "tiny-cpu.toml"
+    argv = [sys.executable, "-m", "trainer", "--config", str(tiny), "--run-root", str(root)]
+    argv += ["--max-steps", "100000", "--set", "runtime.wandb_mode=disabled"]
+    out = open(tmp_path / "trainer.out", "wb")  # noqa: SIM115  (closed below)
+    trainer = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.glob("*/heartbeat.json")):
+            assert trainer.poll() is None, (tmp_path / "trainer.out").read_text()
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.1)
+        (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+        assert json.loads((root / ".active.json").read_text())["run_id"] == run_dir.name
+        second = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second
+        line = one_line(second.stderr)
+        assert line == (
+            f'error: "{root}": run {run_dir.name} is alive there (it holds .launch.lock): '
+            "one run per run root; stop it or use another"
+        )
+        assert [p for p in root.iterdir() if p.is_dir()] == [run_dir]  # no run dir made
+        agent = agent_factory(root)
+        killed = agent.request({"cmd": "kill", "run_id": run_dir.name, "timeout_s": 60})
+        assert killed["ok"], killed
+        assert killed["data"]["pids"][0] == trainer.pid
+        assert trainer.wait(60) is not None
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        trainer.wait()
+        out.close()
+
+
 def test_the_cli_refuses_in_one_line_and_signals_nothing(recorders, tmp_path):
     """`dflash-tui kill local --run OLD` and `dflash-tui dump-stacks` as an operator runs them."""
     root = tmp_path / "runs"
@@ -331,7 +449,8 @@ def test_symlinks_planted_in_the_run_root_are_refused_not_followed(
     runs = next(e for e in agent.seen[n:] if e["type"] == "runs")["runs"]
     assert [r["run_id"] for r in runs] == [good.name]  # evil is no run
     assert listed["data"]["refused"] == {"evil": f"a symlink to {secret}: not a run, not followed"}
-    assert runs[0]["unreadable"] == ["heartbeat.json"]  # named, never read through
+    # named, never read through
+    assert runs[0]["unreadable"] == ["heartbeat.json", "metrics.jsonl", "train.log"]
 
     for run_id, name in (
         ("evil", "train.log"),
@@ -418,7 +537,13 @@ def test_fifos_never_block_the_agent(agent_factory, tmp_path):  # noqa: F811
     t0 = time.monotonic()
     runs = agent.runs()  # heartbeat, exit, launch, metrics and the lock are all FIFOs
     assert set(runs) == {run.name}
-    assert sorted(runs[run.name]["unreadable"]) == ["exit.json", "heartbeat.json", "launch.json"]
+    assert sorted(runs[run.name]["unreadable"]) == [
+        "exit.json",
+        "heartbeat.json",
+        "launch.json",
+        "metrics.jsonl",
+        "train.log",
+    ]
     got = agent.request({"cmd": "read_file", "run_id": run.name, "name": "train.log"}, timeout=5)
     assert one_line(got["error"]) == (f"{run / 'train.log'} is a FIFO, not a regular file: refused")
     assert agent.request({"cmd": "follow", "run_id": run.name}, timeout=5)["ok"]

@@ -85,7 +85,7 @@ def test_every_launch_gets_a_new_run_dir(tmp_path):
     for _ in range(2):
         r = run_trainer("--config", str(TINY), "--run-root", str(tmp_path), "--max-steps", "1")
         assert r.returncode == 0, r.stderr
-    dirs = sorted(p.name for p in tmp_path.iterdir())
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())  # not the launch lock
     assert len(dirs) == 2 and dirs[0] != dirs[1]
     # The second launch reads its samples from the tokenization cache, and says so.
     first, second = (json.loads((tmp_path / d / "heartbeat.json").read_text()) for d in dirs)

@@ -66,10 +66,18 @@ class Outcome:
         return self.checkpoint is not None
 
 
+# A step past this is no real run's (a hostile or torn file): said as such, not as 400 digits.
+PLAUSIBLE_STEP = 10**12
+
+
+def _step(n: int) -> str:
+    return str(n) if 0 <= n <= PLAUSIBLE_STEP else f"{'>1e12' if n > 0 else '<0'} (implausible)"
+
+
 def _at(step: int | None, total: int | None) -> str:
     if step is None:
         return ""
-    return f" at step {step}" + (f" of {total}" if total else "")
+    return f" at step {_step(step)}" + (f" of {_step(total)}" if total else "")
 
 
 def _resume_words(latest: str | None, resume: ResumePoint | None, run_id: str | None) -> str:

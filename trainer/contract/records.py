@@ -35,6 +35,11 @@ HEARTBEAT = "heartbeat.json"
 TELEMETRY = "telemetry.jsonl"  # heartbeat history (trainer/contract/telemetry.py)
 EXIT = "exit.json"  # written by the launcher wrapper when the trainer exits
 CHECKPOINTS = "checkpoints"
+# In the run root, not a run dir: flock-ed by every live run for its whole life (the agent's
+# launch takes it and hands it down; `python -m trainer` started by hand takes it itself),
+# and which run holds it. A signal goes only to a process proven to hold it (agent/identity).
+LAUNCH_LOCK = ".launch.lock"
+ACTIVE = ".active.json"  # {run_id, wrapper_pid}: the run holding the lock
 RUN_FILES = (CONFIG, LAUNCH)  # a folder with either is a run (a run that died at start has
 # only launch.json, launch.log and exit.json)
 

@@ -29,6 +29,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
+from trainer.contract.textfile import file_kind
+
 T = TypeVar("T")
 
 # Bounds on what one record may hold: a hostile or corrupt file costs bounded memory and time.
@@ -140,7 +142,10 @@ def _decode_scalar(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise Invalid(f"{name}: expected a number, got {_type_name(value)}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 309 digits or more: no float holds it
+            raise Invalid(f"{name}: an integer of {value.bit_length()} bits: too large") from None
     if tp is str:
         if not isinstance(value, str):
             raise Invalid(f"{name}: expected a string, got {_type_name(value)}")
@@ -193,13 +198,28 @@ def read_bounded(path: str | Path, limit: int) -> bytes | Unreadable | None:
         if e.errno == errno.ELOOP:
             return Unreadable(name, "a symlink: refused, not followed")
         return Unreadable(name, e.strerror or str(e))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Unreadable(name, "not a regular file: refused")
-        try:
-            return f.read(limit + 1)
-        except OSError as e:
-            return Unreadable(name, e.strerror or str(e))
+    try:
+        # Checked before fdopen, which raises on a folder's descriptor (IsADirectoryError).
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return Unreadable(name, f"{file_kind(mode)}, not a regular file: refused")
+        return _read_upto(fd, limit + 1)
+    except OSError as e:
+        return Unreadable(name, e.strerror or str(e))
+    finally:
+        os.close(fd)
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    """At most `n` bytes of `fd` (a regular file: os.read may return less than asked)."""
+    chunks: list[bytes] = []
+    while n > 0:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 def parse_json(raw: bytes | str, what: str, limit: int) -> Any:
