@@ -159,7 +159,7 @@ def _unproven(runs: RunRoot, proc: Process) -> tuple[bool, str] | None:
         held: bool | int | None = holds_flock(pid, lock)
         whose = "a launched run holds for its whole life"
     else:
-        held = holder_in_line(pid, group, lock)
+        held = group is not None and holder_in_line(pid, group, lock)
         whose = "a run started by hand (python -m trainer) holds for its whole life"
     if held is None:
         return False, f"pid {pid}'s descriptors cannot be read (another user's process?)"

@@ -466,9 +466,9 @@ class RunRoot:
             # Only these summaries quote the logs: read them only for these runs.
             outcome = outcome_of(alive, hb, exit_record, checkpoint, last_words(d), resume)
         best, last, steps = self._metrics_summary(run_id, d)
-        for name in (METRICS, TRAIN_LOG):  # followed, not decoded: refused if not a file
-            if _is_there_not_a_file(os.path.join(d, name)):
-                unreadable.append(name)
+        for fname in (METRICS, TRAIN_LOG):  # followed, not decoded: refused if not a file
+            if _is_there_not_a_file(os.path.join(d, fname)):
+                unreadable.append(fname)
         name = config.get("name") if config is not None else None
         return RunInfo(
             run_id=run_id,

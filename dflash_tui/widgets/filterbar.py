@@ -13,7 +13,7 @@ to be fixed (or Esc)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -120,7 +120,7 @@ class SearchBar(SlashBar):
     ROLE = "search"
     DEFAULT_CSS = "SearchBar .slash-error { max-width: 60%; }"
 
-    def __init__(self, submit: Callable[[str], bool], **kw: object) -> None:
+    def __init__(self, submit: Callable[[str], bool], **kw: Any) -> None:
         """`submit(pattern)`: searches; False keeps the bar open (it said why, `say`)."""
         super().__init__(**kw)
         self.submit = submit
