@@ -145,7 +145,9 @@ def _decode_scalar(tp: Any, value: Any, where: str) -> Any:
         try:
             return float(value)
         except OverflowError:  # an integer of 309 digits or more: no float holds it
-            raise Invalid(f"{name}: an integer of {int(value).bit_length()} bits: too large") from None
+            raise Invalid(
+                f"{name}: an integer of {int(value).bit_length()} bits: too large"
+            ) from None
     if tp is str:
         if not isinstance(value, str):
             raise Invalid(f"{name}: expected a string, got {_type_name(value)}")
