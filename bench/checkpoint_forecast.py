@@ -24,28 +24,16 @@ REAL = {"qwen3-8b-h200": 12.58e9}  # bytes as `kill` reported them (1 GB = 1e9 B
 
 def main() -> int:
     import scaling  # bench/
-    import torch
 
-    from trainer.config import load_config
     from trainer.model.checkpoint import forecast_bytes, size
-    from trainer.model.drafter import DFlashDrafter
-    from trainer.runtime.setup import drafter_arch
-    from trainer.targets.load import default_target_layer_ids
 
     rows = []
     for name, info in (
         ("qwen3-8b-h200", scaling.target_info_8b()),
         ("qwen3.6-27b-h200", scaling.target_info_27b()),
     ):
-        cfg = load_config(BENCH.parent / "trainer" / "configs" / f"{name}.toml")
-        n = cfg.drafter.num_layers
-        ids = cfg.drafter.target_layer_ids or default_target_layer_ids(info.num_layers, n)
-        arch = drafter_arch(cfg, info, list(ids), info.vocab_size - 1)
-        meta = torch.device("meta")
-        embed = torch.empty(info.vocab_size, info.hidden_size, device=meta)
-        head = torch.empty(info.vocab_size, info.hidden_size, device=meta)
-        with meta:
-            model = DFlashDrafter(arch, embed, head)
+        config = BENCH.parent / "trainer" / "configs" / f"{name}.toml"
+        cfg, arch, model, _ = scaling.meta_drafter(config, info)
         trainable = [p for p in model.parameters() if p.requires_grad]
         each = forecast_bytes(trainable, arch.to_dict(), cfg.to_dict())
         params = sum(p.numel() for p in trainable)

@@ -161,10 +161,10 @@ def target_info_8b() -> Any:
     return target_info_of(qwen3_8b_config())
 
 
-def workload(config: Path, info: Any) -> Workload:
-    """The drafter built on the meta device from the config and the target's shape, as
-    trainer/runtime/setup.py build_run builds it (drafter_arch, DFlashDrafter)."""
-    import gpu_bench
+def meta_drafter(config: Path, info: Any) -> tuple[Any, Any, Any, tuple[int, ...]]:
+    """(config, arch, drafter, read layer ids): the drafter built on the meta device from the
+    config and the target's shape, as trainer/runtime/setup.py build_run builds it
+    (drafter_arch, DFlashDrafter); nothing allocated."""
     import torch
 
     from trainer.config import load_config
@@ -181,6 +181,16 @@ def workload(config: Path, info: Any) -> Workload:
     head = torch.empty(info.vocab_size, info.hidden_size, device=meta)
     with meta:
         model = DFlashDrafter(arch, embed, head)
+    return cfg, arch, model, ids
+
+
+def workload(config: Path, info: Any) -> Workload:
+    """The workload of the config's drafter (`meta_drafter`) on the target's shape."""
+    import gpu_bench
+    import torch
+
+    cfg, arch, model, ids = meta_drafter(config, info)
+    n = cfg.drafter.num_layers
     train = [p for p in model.parameters() if p.requires_grad]
     kept = max(ids) + 1
     linear = sum(t != "full_attention" for t in info.layer_types[:kept])
