@@ -175,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         # already); a torchrun rank leaves it to its launcher, which holds it.
         lock = None
         if "WORLD_SIZE" not in os.environ:
-            lock = launch_lock.hold(args.run_dir.parent if args.run_dir else args.run_root)
+            if args.run_dir:
+                lock = launch_lock.hold(args.run_dir.parent, "the parent of --run-dir")
+            else:
+                lock = launch_lock.hold(args.run_root)
         # A torchrun job's run dir is made by one rank (trainer/distributed/layout.py).
         if not processes:
             run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)

@@ -205,13 +205,20 @@ def test_the_link_survives_bad_lines_and_a_sink_that_trips() -> None:
 def test_every_command_says_its_own_name() -> None:
     """`cmd` is the registry's name, even for commands with a `name` field (Launch: the run's,
     ReadFile: the file's), and every command survives the agent's decoder."""
-    from trainer.contract.protocol import Deploy, Launch, PushArtifacts, ReadFile, SignalProcess
+    from trainer.contract.protocol import (
+        Deploy,
+        GpuReset,
+        Launch,
+        PushArtifacts,
+        ReadFile,
+        SignalProcess,
+    )
 
     samples: list[Command] = [
         cls()
         for cls in COMMANDS.values()
         # fields without defaults
-        if cls not in (Launch, ReadFile, Deploy, PushArtifacts, SignalProcess)
+        if cls not in (Launch, ReadFile, Deploy, PushArtifacts, SignalProcess, GpuReset)
     ]
     samples += [
         Launch(config_toml="x = 1", name="tiny-cpu"),
@@ -219,6 +226,7 @@ def test_every_command_says_its_own_name() -> None:
         Deploy(tar_b64="", sha256="0" * 64),
         PushArtifacts(name="a.bin", offset=0, size=1, sha256="0" * 64, chunk_b64="AA=="),
         SignalProcess(pid=123, start=456, signal="SIGTERM"),
+        GpuReset(index=0),
     ]
     assert {c.cmd for c in samples} == set(COMMANDS)
     for c in samples:

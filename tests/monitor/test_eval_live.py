@@ -42,7 +42,7 @@ def evaluated(tmp_path_factory) -> tuple[Path, Path, dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    (run_dir,) = root.iterdir()
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]  # not the launch lock
     hb = json.loads((run_dir / "heartbeat.json").read_text())
     assert hb["phase"] == "finished", hb["phase"]
     return root, run_dir, hb

@@ -338,7 +338,7 @@ def test_a_run_on_pathological_data_trains_and_reports_what_it_skipped(tmp_path:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stdout + r.stderr
-    (run_dir,) = root.iterdir()
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]  # not the launch lock
     log = (run_dir / "train.log").read_text()
     assert f"data: {path}:{numbers[0]}: skipped (invalid JSON (nested too deep))" in log
     assert f"data: {path}:{numbers[1]}: skipped (invalid JSON (a number too long))" in log

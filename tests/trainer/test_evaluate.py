@@ -43,7 +43,7 @@ def test_eval_decodes_a_held_out_split_and_export_quotes_it(tmp_path):
     r = trainer("--config", str(TINY), "--run-root", str(root), "--max-steps", "10",
                 "--set", "runtime.wandb_mode=disabled", "--set", "data.held_out=16")  # fmt: skip
     assert r.returncode == 0, r.stderr
-    (run,) = root.iterdir()
+    (run,) = [p for p in root.iterdir() if p.is_dir()]  # not the launch lock
     assert (
         "held out 16 samples (by id) for evaluation: never trained on"
         in (run / "train.log").read_text()

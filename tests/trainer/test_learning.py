@@ -31,7 +31,7 @@ def test_tiny_cpu_learns(tmp_path):
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stderr
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # not the launch lock
     m = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first, last = m[0], m[-1]
     assert last["step"] == 150

@@ -52,17 +52,20 @@ def _holder(run_root: Path) -> str:
     return run_id if isinstance(run_id, str) and _PLAIN.fullmatch(run_id) else "?"
 
 
-def hold(run_root: Path) -> int | None:
+def hold(run_root: Path, named: str = "--run-root") -> int | None:
     """Hold RUN_ROOT/.launch.lock for the life of this process -> its descriptor (inheritable:
     processes mode execs torchrun, which keeps it), or None when it is held already (a
     launched trainer). ConfigError, one line, when another run holds it or the lock is no
-    regular file."""
+    regular file; a run root that cannot be made is said as NAMED (the flag that gave it)."""
     lock = run_root / LAUNCH_LOCK
     where = show_path(lock)
     if holds_flock("self", lock):  # the lock the agent's launch handed down
         return None
     try:
         run_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{named} {show_path(run_root)}: {e.strerror or e}") from None
+    try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
         if e.errno == errno.ELOOP:
