@@ -118,6 +118,41 @@ def drafter_step(
     return step
 
 
+def graphed_drafter_step(
+    sh: Shapes, device: torch.device, blocks: BlockBatch, features: torch.Tensor
+) -> Callable[[], None]:
+    """The same step captured whole as one CUDA graph (fixed shapes: one bucket), replayed:
+    what graphs could take back of the launch gaps between the step's ~1,500 kernels. The
+    optimizer is fused AdamW with `capturable=True` (its step count and lr on the device).
+    Raises if the step cannot be captured (a host sync inside it, say): the caller says why."""
+    settings = bench_settings(sh, device)
+    attach_mask(blocks, settings.backend, sh.bs)
+    model = make_drafter(sh, device, compiled=True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    lr = torch.tensor(6e-4, device=device)
+    opt = torch.optim.AdamW(params, lr=lr, fused=True, capturable=True)
+
+    def body() -> None:
+        with autocast_for(device):
+            loss = drafter_loss(model, blocks, features, settings).loss
+        loss.backward()
+        clip_in_step(opt, params, 1.0)
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compiles, allocates the state
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # the grads are then allocated from the graph's pool
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay
+
+
 def fresh_compiles() -> None:
     """Forget compiled graphs, so the next variant compiles with its own options."""
     torch._dynamo.reset()
@@ -240,14 +275,24 @@ def section_step(sh: Shapes, device: torch.device, steps: int, best: str | None)
     variants: list[tuple[str, bool, dict[str, Any] | None]] = [("trainer's", False, None)]
     if device.type == "cuda":
         variants.append(("drafter compiled whole", True, None))
+        variants.append(("layers compiled, the step one CUDA graph", False, {"graph": True}))
         if best is not None:
             variants.append((f"layers compiled, flex options {best}", False, CANDIDATES[best]))
     times: dict[str, float] = {}
     for name, whole, options in variants:
         fresh_compiles()
-        attention.FLEX_KERNEL_OPTIONS = options
-        step = drafter_step(sh, device, blocks, features, whole)
+        graphed = options is not None and options.get("graph", False)
+        attention.FLEX_KERNEL_OPTIONS = None if graphed else options
         t0 = time.perf_counter()
+        if graphed:
+            try:
+                step = graphed_drafter_step(sh, device, blocks, features)
+            except Exception as e:  # a failed capture is a result: said, then the next
+                row(f"drafter step, {name}", f"capture failed: {type(e).__name__}: {e}"[:300])
+                torch.cuda.synchronize()
+                continue
+        else:
+            step = drafter_step(sh, device, blocks, features, whole)
         step()
         first = time.perf_counter() - t0
         times[name] = t = timed(step, steps, 3, device)

@@ -54,6 +54,9 @@ import glob, json, statistics, sys
 run = sys.argv[1]
 hb = json.load(open(f"{run}/heartbeat.json"))
 ev = hb.get("eval") or {}
+start = [v for v in hb.get("phase_history", []) if v["ended_at"]][:6]
+print("start-up: " + ", ".join(f"{v['phase']} {v['ended_at'] - v['started_at']:.1f}s" for v in start
+                               if v["phase"] != "training"))
 print(f"heartbeat eval: steps {[p['step'] for p in ev.get('history', [])]} skipped {ev.get('skipped')} "
       f"thread {ev.get('seconds')}s snapshot {ev.get('snapshot_s')}s error {ev.get('error')}")
 evals = [json.load(open(f)) for f in sorted(glob.glob(f"{run}/eval/step-*.json"))]
@@ -71,6 +74,23 @@ print(f"TABLE | tok/s outside evals (median of {len(outside)} rows) | {med(outsi
 print(f"TABLE | tok/s while an eval ran (median of {len(during)} rows) | {med(during)} |")
 for r in evals:
     print(f"TABLE | eval at step {r['step']}: tau | {r['tau']:.3f} | seconds | {r['seconds']:.1f} |")
+# The eval's cost in training time: each metrics row spans log_every steps; a row that
+# overlapped an eval took longer than the rows around it by what the eval cost training.
+# (Medians of tok/s across rows misread it: one slow row barely moves a median.)
+late = [r for r in rows if r["step"] > 20]
+spans_rows = [(b["time"] - a["time"], b) for a, b in zip(late, late[1:])]
+hit = lambda a, b: any(s < b and e > a for s, e in spans)
+plain = [d for d, b in spans_rows if not hit(b["time"] - d, b["time"])]
+if plain and evals:
+    base = statistics.median(plain)
+    lost = sum(max(0.0, d - base) for d, b in spans_rows if hit(b["time"] - d, b["time"]))
+    n = sum(1 for r in evals if r["at"] > late[0]["time"])
+    out = med(outside) or 0
+    per = lost / max(n, 1)
+    secs = statistics.median(r["seconds"] for r in evals)
+    print(f"TABLE | a row of {late[1]['step'] - late[0]['step']} steps without an eval | {base:.2f} s |")
+    print(f"TABLE | training time lost per eval ({n} evals after step 20) | {per:.2f} s = {per * out:,.0f} tokens |")
+    print(f"TABLE | bound: 3 % of the eval's median {secs:.1f} s x {out} tok/s | {0.03 * secs * out:,.0f} tokens |")
 PY
 say "kill (a graceful stop writes its checkpoint first)"
 "${cli[@]}" kill "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
