@@ -149,7 +149,7 @@ class Pipeline:
         self.g_end = self.g0 + (run.total_steps - self.s0) * self.D
         self._to_claim = self.g_end - self.g0  # shared: batches no target has taken yet
         self._claim_lock = threading.Lock()
-        self.out_g = [0] * self.D  # the batch each replica trained this step
+        self.out_g: dict[int, int] = {}  # replica -> the batch it trained this step
         self._trained_ahead: set[int] = set()  # shared: trained batches above the position
         self.abort = threading.Event()  # a thread failed
         self.shutdown = threading.Event()  # the drafters are done: everyone leaves
@@ -460,7 +460,7 @@ class Pipeline:
         p = self.position
         p.step, p.tokens = s + 1, p.tokens + tokens
         if self.shared:
-            self._advance_position(self.out_g)
+            self._advance_position(list(self.out_g.values()))
         else:
             p.batches += self.D
         self._slots += slots
