@@ -36,6 +36,7 @@ from trainer.contract.heartbeat import (
     STAGE_OPTIMIZER,
     STAGE_WAIT_HS,
     STAGE_WAIT_PRE,
+    STAGE_WAIT_REPLICAS,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
@@ -529,8 +530,25 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
 _SHARED_WORK = (STAGE_OPTIMIZER, STAGE_CHECKPOINT)
 
 
+# Which waits of the other threads a slow thread of a role causes: {straggler's role:
+# {waiting thread's role: its stages}}. A slow target leaves the drafters without features
+# (and, fixed, the other replicas at the barrier) and the other targets' q_hs full behind
+# replicas held at the barrier; a slow drafter holds the others at the barrier and the
+# targets at a full q_hs. A drafter waiting on q_hs is no sign of a slow drafter.
+_CAUSED = {
+    "target": {"drafter": (STAGE_WAIT_HS, STAGE_WAIT_REPLICAS), "target": (STAGE_WAIT_HS,)},
+    "drafter": {"drafter": (STAGE_WAIT_REPLICAS,), "target": (STAGE_WAIT_HS,)},
+}
+
+
 def _compute_ms(row: ThreadStages) -> float:
     return sum(st.ms for st in row.stages if not st.wait and st.name not in _SHARED_WORK)
+
+
+def _waits_on(row: ThreadStages, slow_role: str) -> float:
+    """The share of `row`'s loop spent in the waits a slow `slow_role` thread causes."""
+    stages = _CAUSED[slow_role].get(row.role, ())
+    return sum(row.ms(st) for st in stages) / row.period_ms if row.period_ms > 0 else 0.0
 
 
 @rule(
@@ -547,7 +565,9 @@ def _compute_ms(row: ThreadStages) -> float:
     "whose compute per loop (its stages other than waits; a drafter's without the optimizer "
     "and checkpoint, replica 0's share of the step) is at least `straggler_factor` × the "
     "median of its same-role peers' and `straggler_min_ms` above it, while at least half of "
-    "the other target and drafter threads wait `rank_wait_frac` or more of their loop.",
+    "the other target and drafter threads spend `rank_wait_frac` or more of their loop in "
+    "the waits it causes (a slow target: drafters on q_hs or at the step's barrier, targets "
+    "on a full q_hs; a slow drafter: drafters at the barrier, targets on a full q_hs).",
     thresholds=(
         "stale_factor",
         "stall_s",
@@ -581,8 +601,8 @@ def thread_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
             continue
         others = [o for o in rows if o is not row]
         waiting = sorted(
-            (o for o in others if 1 - o.work_share >= cfg.rank_wait_frac),
-            key=lambda o: o.work_share,
+            (o for o in others if _waits_on(o, row.role) >= cfg.rank_wait_frac),
+            key=lambda o: -_waits_on(o, row.role),
         )
         if 2 * len(waiting) < len(others):
             continue
@@ -591,7 +611,7 @@ def thread_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG
             if len(peers) > 1
             else (f"its {row.role} peer's")
         )
-        waits = ", ".join(f"{o.name} {1 - o.work_share:.0%}" for o in waiting[:4])
+        waits = ", ".join(f"{o.name} {_waits_on(o, row.role):.0%}" for o in waiting[:4])
         routing = "shared" if hb.queues.shared else "fixed"
         fix = (
             'runtime.routing = "shared" lets the other threads take its batches; '
