@@ -41,6 +41,7 @@ from trainer.contract.heartbeat import (
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
     Heartbeat,
+    ThreadInfo,
 )
 from trainer.contract.phases import (
     TRAINING,
@@ -282,6 +283,7 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     threads = hb.threads_of("target")
     by_name = {t.name: t for t in threads}
     stuck: list[tuple[int, str]] = []
+    feeds: list[tuple[int, int, ThreadInfo | None]]
     if hb.queues.shared:  # one q_pre feeds every target thread: (queue 0, target i)
         feeds = [(0, i, th) for i, th in enumerate(threads)]
     else:  # q_pre[i] feeds thread target-i (trainer/runtime/pipeline.py); else the i-th
@@ -535,7 +537,7 @@ _SHARED_WORK = (STAGE_OPTIMIZER, STAGE_CHECKPOINT)
 # (and, fixed, the other replicas at the barrier) and the other targets' q_hs full behind
 # replicas held at the barrier; a slow drafter holds the others at the barrier and the
 # targets at a full q_hs. A drafter waiting on q_hs is no sign of a slow drafter.
-_CAUSED = {
+_CAUSED: dict[str, dict[str, tuple[str, ...]]] = {
     "target": {"drafter": (STAGE_WAIT_HS, STAGE_WAIT_REPLICAS), "target": (STAGE_WAIT_HS,)},
     "drafter": {"drafter": (STAGE_WAIT_REPLICAS,), "target": (STAGE_WAIT_HS,)},
 }
