@@ -134,7 +134,8 @@ class Pipeline:
             queue.Queue(maxsize=pre_room) for _ in range(n_pre)
         ]
         self.q_hs: list[list[queue.Queue[FeatureItem]]] = [
-            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)] for _ in range(self.T)
+            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)]
+            for _ in range(0 if self.shared else self.T)
         ]
         self.q_hs_shared: queue.Queue[FeatureItem] = queue.Queue(
             maxsize=rt.q_hs_size * self.T * self.D
