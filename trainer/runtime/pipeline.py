@@ -18,13 +18,15 @@ barrier between steps, and gradients averaged weighted by each batch's real toke
   takes the next built batch, an idle replica the next forwarded one, so a slow target or
   replica holds no batch hostage. Step s trains whichever D batches the replicas took. The
   data position is the lowest batch index not yet trained (`TrainPosition.batches`); the
-  batches trained beyond it (`ahead`: at most those in flight) are trained again by a
-  resume, which says how many. It cannot deadlock either: prefetch builds every batch of
-  the run and blocks only on a full q_pre, which the targets drain; a target claims a batch
-  only while some are still to come (`_claim`), and blocks only on a full q_hs, which the
-  replicas drain; a replica waits on an empty q_hs only while a batch is still due to it
-  (batches built = batches trained = steps × D), and that batch is upstream, in a thread
-  that is not waiting on the replicas. A replica at the step barrier holds no queue room.
+  batches trained beyond it (`ahead`: those trained while an older one was still in flight,
+  usually a few; a target hung on a batch makes it grow) are trained again by a resume,
+  which says how many. It cannot deadlock either: prefetch builds every batch of the run
+  and blocks only on a full q_pre, which the targets drain; a target claims a batch only
+  while some are still to come (`_next_for_target`), so every claim is met by a batch
+  prefetch will build, and it blocks only on a full q_hs, which the replicas drain; a
+  replica waits on an empty q_hs only while a batch is still due to it (batches built =
+  batches trained = steps × D), and that batch is upstream, in a thread that is not
+  waiting on the replicas. A replica at the step barrier holds no queue room.
 
 Any exception in any thread sets `abort`: every queue wait and the step barrier give up
 within ~0.1 s, the traceback goes into the run state (and the heartbeat), and the main
