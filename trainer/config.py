@@ -159,6 +159,13 @@ class RuntimeConfig:
     # processes mode: how long any collective or feature transfer may wait before the rank
     # gives up (init_process_group's timeout), so no rank blocks forever on a lost peer.
     collective_timeout_s: float = 600.0
+    # How batches find their target and drafter replica (trainer/runtime/pipeline.py):
+    # "fixed": batch g goes to target g % T and replica g % D over T×D private queues:
+    # reproducible to the bit, and a resume continues the same trajectory, but one slow
+    # target stalls every drafter. "shared" (threads mode only): one q_pre feeds every
+    # target and one q_hs every replica, so any idle thread takes the next batch; a resume
+    # may retrain the batches that were in flight.
+    routing: str = "fixed"
 
 
 @dataclass
@@ -213,6 +220,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
+    "runtime.routing": ("fixed", "shared"),
     "eval.cuda_graphs": ("auto", "on", "off"),
     "eval.stream_priority": ("high", "low"),
 }
@@ -483,6 +491,12 @@ def validate(cfg: Config) -> None:
     if cfg.eval.every and not cfg.data.held_out:
         rule = "needs data.held_out > 0: held-out τ is measured on samples never trained on"
         raise bad_value("eval.every", cfg.eval.every, rule)
+    if cfg.runtime.routing == "shared" and cfg.runtime.mode != "threads":
+        rule = (
+            f'threads mode only (runtime.mode = "{cfg.runtime.mode}" routes batches to fixed '
+            'ranks); set runtime.routing = "fixed"'
+        )
+        raise bad_value("runtime.routing", cfg.runtime.routing, rule)
     if d.num_heads and d.num_kv_heads and d.num_heads % d.num_kv_heads:
         rule = f"must be a multiple of drafter.num_kv_heads ({d.num_kv_heads})"
         raise bad_value("drafter.num_heads", d.num_heads, rule)

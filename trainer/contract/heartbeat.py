@@ -22,7 +22,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      rank's own state in heartbeat-rank{R}.json (trainer/contract/ranks.py); `graphs`, per
      place the trainer captures CUDA graphs, whether they work (trainer/contract/graphs.py);
      `checkpoints`, the forecast size of a checkpoint, how often and how many are kept, and
-     the newest save that failed (trainer/contract/checkpoints.py `CheckpointPlan`).
+     the newest save that failed (trainer/contract/checkpoints.py `CheckpointPlan`);
+     `queues.routing`, runtime.routing ("fixed" when absent): under "shared" `queues` holds
+     one q_pre and one q_hs, each fed to every target or drafter.
 """
 
 from __future__ import annotations
@@ -119,8 +121,17 @@ class QueueDepth:
 
 @dataclasses.dataclass
 class Queues:
-    q_pre: list[QueueDepth] = dataclasses.field(default_factory=list)  # one per target
-    q_hs: list[QueueDepth] = dataclasses.field(default_factory=list)  # one per drafter
+    """fixed routing: one q_pre per target, one q_hs per drafter (its T private queues
+    summed). shared: one of each, which every target and every drafter takes from."""
+
+    q_pre: list[QueueDepth] = dataclasses.field(default_factory=list)
+    q_hs: list[QueueDepth] = dataclasses.field(default_factory=list)
+    # runtime.routing (optional: a heartbeat without it is of a trainer that had only "fixed")
+    routing: str = "fixed"
+
+    @property
+    def shared(self) -> bool:
+        return self.routing == "shared"
 
 
 @dataclasses.dataclass

@@ -259,15 +259,22 @@ class DrafterRankPipeline(_RankPipeline):
         """Done before the optimizer step, under the barrier's wait (_end_of_step)."""
 
     def _reduce_over_drafters(self) -> None:
-        """The mean gradient over the drafter ranks (one all_reduce of them all, flat), and
-        the step's numbers every drafter rank logs alike."""
+        """The token-weighted mean gradient over the drafter ranks, Σ tokens_r ∇L_r /
+        Σ tokens_r (one all_reduce of them all, flat, scaled by this rank's real tokens;
+        the token sum all-reduced beside it), as threads mode's `average_grads`; and the
+        step's numbers every drafter rank logs alike."""
         grads = [p.grad for p in self._params]
         if any(g is None for g in grads):
             raise RuntimeError("this drafter rank has no gradient: did its backward run?")
         dense: list[Tensor] = [g for g in grads if g is not None]
         flat = torch._utils._flatten_dense_tensors(dense)
-        dist.all_reduce(flat, group=self.job.drafters)
-        flat /= float(self.D)
+        if self.D > 1:  # one replica: its own gradient, untouched (as threads mode's)
+            mine = float(self.out_tokens[self.r])
+            flat *= mine
+            dist.all_reduce(flat, group=self.job.drafters)
+            total = torch.tensor([mine], dtype=torch.float64, device=self.job.comm_device)
+            dist.all_reduce(total, group=self.job.drafters)
+            flat /= max(1.0, float(total.item()))
         unflat = torch._utils._unflatten_dense_tensors(flat, dense)
         torch._foreach_copy_(dense, list(unflat))
         self._share_step_numbers()

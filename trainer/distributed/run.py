@@ -149,7 +149,7 @@ class RankRun(Run):
         position = resume_from_writer(setup, checkpoint, self.layout, self.job)
         if position.step or checkpoint is not None:
             where = checkpoint if checkpoint is not None else "the writer rank's checkpoint"
-            self.log.line(f"resumed from {where} at step {position.step}")
+            self.log.line(f"resumed from {where} at step {position.step}{position.retrain_note()}")
         return position
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:

@@ -1,8 +1,9 @@
 """Drafter replicas, one per drafter device, kept identical, with one optimizer state.
 
 Every optimizer step: each replica computes gradients on its own batch; the gradients are
-averaged into replica 0 (torch.cuda.comm's NCCL reduce across GPUs, plain adds on one
-device); replica 0 clips and steps the single optimizer; its parameters are broadcast back.
+averaged into replica 0, weighted by each batch's real tokens (torch.cuda.comm's NCCL reduce
+across GPUs, plain adds on one device); replica 0 clips and steps the single optimizer; its
+parameters are broadcast back.
 """
 
 from __future__ import annotations
@@ -49,14 +50,22 @@ class DrafterReplicas:
         return len(self.models)
 
     @torch.no_grad()
-    def average_grads(self) -> None:
-        """Replica 0's .grad becomes the mean over replicas (summed in replica order)."""
+    def average_grads(self, tokens: list[int]) -> None:
+        """Replica 0's .grad becomes the token-weighted mean over replicas,
+        Σ_r tokens_r ∇L_r / Σ_r tokens_r: each replica's loss is a mean over its own batch,
+        so a short batch would otherwise count as much as a long one. Scaled, then summed
+        in replica order, then divided: the same operations as processes mode's all-reduce
+        (trainer/distributed/pipeline.py `_reduce_over_drafters`), so the two agree."""
         n = len(self.models)
         if n == 1:
             return
+        if len(tokens) != n:
+            raise ValueError(f"{len(tokens)} token counts for {n} replicas")
         grads = [[p.grad for p in params] for params in self._params]
         if any(g is None for gs in grads for g in gs):
             raise RuntimeError("a drafter replica has no gradient: did its backward run?")
+        for gs, t in zip(grads, tokens, strict=True):
+            torch._foreach_mul_(gs, float(t))  # type: ignore[arg-type]
         if _distinct_cuda(self.devices):
             reduced = cuda_comm.reduce_add_coalesced(grads, destination=self.devices[0].index)
             for g0, r in zip(grads[0], reduced, strict=True):
@@ -65,7 +74,7 @@ class DrafterReplicas:
         else:
             for r in range(1, n):
                 torch._foreach_add_(grads[0], grads[r])  # type: ignore[arg-type]
-        torch._foreach_div_(grads[0], float(n))  # type: ignore[arg-type]
+        torch._foreach_div_(grads[0], float(max(1, sum(tokens))))  # type: ignore[arg-type]
 
     @torch.no_grad()
     def broadcast_params(self) -> None:

@@ -20,7 +20,8 @@ blocks or slows down; the real process dies):
                        drafter), each send of a processes-mode target rank (link: a slow
                        link as its sender sees it, inside its transfer stage), or once:
                        load_target (the weight load), data (tokenising), compile (the
-                       warm-up compile)
+                       warm-up compile); slow:ROLE-I:SECONDS only its thread I
+                       (slow:target-1:0.5: one straggling target)
   slow_from:N:ROLE:SECONDS  from optimizer step N on, each item of ROLE (prefetch, target,
                        drafter) takes SECONDS longer: a run that slows down mid-way
   sigkill:N            the process SIGKILLs itself after optimizer step N (no handler runs)
@@ -54,7 +55,7 @@ ROLES = ("prefetch", "target", "drafter")
 STAGES = (*ROLES, "link", "load_target", "data", "compile")
 GRAMMAR = (
     "(ROLE[-I]:N | hang:ROLE[-I]:N | nan:N | diverge:N:FACTOR | zero_lr"
-    " | grad_spike:N:EVERY:FACTOR | slow:STAGE:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N"
+    " | grad_spike:N:EVERY:FACTOR | slow:STAGE[-I]:SECONDS | slow_from:N:ROLE:SECONDS | sigkill:N"
     " | stall_checkpoint:SECONDS | steal_signals:N | wedge_main:N | buffer_log:BYTES)[:rank=R]"
 )
 RANK_QUALIFIER = "rank="
@@ -114,7 +115,7 @@ class FaultPlan:
             self.raise_at[f[0]] = int(_number(spec, f[1], int))
         elif len(f) == 3 and f[0] == "hang" and _thread_of_role(f[1]):
             self.hang_at[f[1]] = int(_number(spec, f[2], int))
-        elif len(f) == 3 and f[0] == "slow" and f[1] in STAGES:
+        elif len(f) == 3 and f[0] == "slow" and (f[1] in STAGES or _thread_of_role(f[1])):
             self.slow[f[1]] = _number(spec, f[2], float)
         elif len(f) == 4 and f[0] == "slow_from" and f[2] in ROLES:
             self.slow_from[f[2]] = (int(_number(spec, f[1], int)), _number(spec, f[3], float))
@@ -144,8 +145,8 @@ class FaultPlan:
 
     def check(self, role: str, item: int, index: int | None = None) -> None:
         """Called by each role's thread (its `index` among them) per item, before its work."""
-        if self.slow.get(role):
-            time.sleep(self.slow[role])
+        if late_s := self.slow.get(role) or self.slow.get(f"{role}-{index}"):
+            time.sleep(late_s)
         if (late := self.slow_from.get(role)) and self._steps_done >= late[0]:
             time.sleep(late[1])
         if item in (self.hang_at.get(role), self.hang_at.get(f"{role}-{index}")):

@@ -1,13 +1,32 @@
 """The threaded pipeline: prefetch -> target (one thread per target) -> drafter (one per replica).
 
-Routing is fixed by the global batch number g (counted from this run's start, g0):
+Two routings (runtime.routing), both with one optimizer step = one batch per replica, a
+barrier between steps, and gradients averaged weighted by each batch's real tokens
+(trainer/model/replicas.py):
+
+"fixed": routing by the global batch number g (counted from this run's start, g0):
   - target t = (g - g0) % T forwards it, drafter replica r = (g - g0) % D trains on it,
   - optimizer step s trains batches g0 + (s - s0)*D + r, r = 0..D-1,
-  - each (target, drafter) pair has its own bounded FIFO `q_hs[t][r]`.
-So every replica sees the same batches whatever the thread timing: runs are reproducible
-and a resume continues the same trajectory. It cannot deadlock: the smallest batch not yet
-trained has all its predecessors consumed, so its target and prefetch thread are free to
-produce it.
+  - each target has its own `q_pre[t]`, each (target, drafter) pair its own bounded FIFO
+    `q_hs[t][r]`.
+  So every replica sees the same batches whatever the thread timing: runs are reproducible
+  and a resume continues the same trajectory. It cannot deadlock: the smallest batch not
+  yet trained has all its predecessors consumed, so its target and prefetch thread are free
+  to produce it. But one slow target stalls every replica that waits for its batches.
+
+"shared": one `q_pre` feeds every target and one `q_hs` feeds every replica: an idle target
+  takes the next built batch, an idle replica the next forwarded one, so a slow target or
+  replica holds no batch hostage. Step s trains whichever D batches the replicas took. The
+  data position is the lowest batch index not yet trained (`TrainPosition.batches`); the
+  batches trained beyond it (`ahead`: those trained while an older one was still in flight,
+  usually a few; a target hung on a batch makes it grow) are trained again by a resume,
+  which says how many. It cannot deadlock either: prefetch builds every batch of the run
+  and blocks only on a full q_pre, which the targets drain; a target claims a batch only
+  while some are still to come (`_next_for_target`), so every claim is met by a batch
+  prefetch will build, and it blocks only on a full q_hs, which the replicas drain; a
+  replica waits on an empty q_hs only while a batch is still due to it (batches built =
+  batches trained = steps × D), and that batch is upstream, in a thread that is not
+  waiting on the replicas. A replica at the step barrier holds no queue room.
 
 Any exception in any thread sets `abort`: every queue wait and the step barrier give up
 within ~0.1 s, the traceback goes into the run state (and the heartbeat), and the main
@@ -109,15 +128,32 @@ class Pipeline:
         self.T, self.D = len(run.target_devices), len(run.drafter_devices)
         rt = self.cfg.runtime
         self.P = rt.prefetch_threads or self.T
+        self.shared = rt.routing == "shared"
+        # shared: one queue each, with the room the T (and T×D) private queues had in all.
+        n_pre = 1 if self.shared else self.T
+        pre_room = rt.q_pre_size * (self.T if self.shared else 1)
         self.q_pre: list[queue.Queue[BlockBatch]] = [
-            queue.Queue(maxsize=rt.q_pre_size) for _ in range(self.T)
+            queue.Queue(maxsize=pre_room) for _ in range(n_pre)
         ]
         self.q_hs: list[list[queue.Queue[FeatureItem]]] = [
-            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)] for _ in range(self.T)
+            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)]
+            for _ in range(0 if self.shared else self.T)
         ]
+        self.q_hs_shared: queue.Queue[FeatureItem] = queue.Queue(
+            maxsize=rt.q_hs_size * self.T * self.D
+        )
+        # shared: where a target puts its features, when every replica is on one device
+        # (one GPU, or the CPU); else each replica copies its batch over itself.
+        drafter_devs = set(run.drafter_devices)
+        self._shared_dst = next(iter(drafter_devs)) if len(drafter_devs) == 1 else None
         self.position = TrainPosition(**position.__dict__)
+        self.position.ahead = 0  # a resume starts at the lowest untrained batch
         self.s0, self.g0 = position.step, position.batches
         self.g_end = self.g0 + (run.total_steps - self.s0) * self.D
+        self._to_claim = self.g_end - self.g0  # shared: batches no target has taken yet
+        self._claim_lock = threading.Lock()
+        self.out_g: dict[int, int] = {}  # replica -> the batch it trained this step
+        self._trained_ahead: set[int] = set()  # shared: trained batches above the position
         self.abort = threading.Event()  # a thread failed
         self.shutdown = threading.Event()  # the drafters are done: everyone leaves
         self.stop_request = threading.Event()  # SIGTERM: finish this step, then stop
@@ -131,6 +167,7 @@ class Pipeline:
         self._orders: dict[int, list[list[list[int]]]] = {}
         self._orders_lock = threading.Lock()
         self._target_batches = 0
+        self._target_n: dict[int, int] = {}  # fixed: batches each target thread has taken
         self._count_lock = threading.Lock()
         self._window = _Window(self)
         self._last_loss: float | None = None
@@ -225,7 +262,11 @@ class Pipeline:
         clock = self.state.stage_clock("cpu")
         for g in range(self.g0, self.g_end):
             t = (g - self.g0) % self.T
-            if t not in mine:
+            if self.shared:  # one q_pre: prefetch thread p builds every P-th batch
+                if (g - self.g0) % self.P != p:
+                    continue
+                t = 0
+            elif t not in mine:
                 continue
             clock.lap()
             self.state.thread_state("building batch")
@@ -252,10 +293,14 @@ class Pipeline:
     def _target_loop(self, t: int, dev: torch.device, side: torch.cuda.Stream | None) -> None:
         features_of = self.run.targets[dev].features
         clock = self.state.stage_clock(str(dev))
-        for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
+        n = 0
+        while True:
             clock.lap()
             with clock.wait(STAGE_WAIT_PRE):
-                blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
+                got = self._next_for_target(t)
+            if got is None:
+                return
+            g, blocks = got
             self.state.thread_state("forward")
             with clock.work(STAGE_FORWARD):
                 self.faults.check("target", n, t)  # inside: a slowed target's forward is slow
@@ -268,7 +313,7 @@ class Pipeline:
                 else:  # packed: the target keeps the documents apart
                     features = features_of(b.input_ids, b.position_ids, docs)
             r = (g - self.g0) % self.D
-            dst = self.run.drafter_devices[r]
+            dst = (self._shared_dst or dev) if self.shared else self.run.drafter_devices[r]
             self.state.thread_state("copy to drafter")
             with clock.work(STAGE_TRANSFER):
                 moved, ready = send([features], dst)
@@ -279,10 +324,33 @@ class Pipeline:
             item = FeatureItem(g=g, blocks=blocks_dst, features=moved[0], ready=ready)
             if side is not None and dst == dev:
                 item.ready = hand_over((item.blocks, item.features), side, dst)
+            elif self.shared and self._shared_dst is None and dev.type == "cuda":
+                # Left here for the replica that takes it (`_pull`): when it was made.
+                item.ready = _made_on(torch.cuda.current_stream(dev))
             with self._count_lock:
                 self._target_batches += 1
+            queue_hs = self.q_hs_shared if self.shared else self.q_hs[t][r]
             with clock.wait(STAGE_WAIT_HS):
-                self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
+                self._put(queue_hs, item, WAIT_HS_FULL)
+            n += 1
+
+    def _next_for_target(self, t: int) -> tuple[int, BlockBatch] | None:
+        """The next batch for target t and its number g, or None when it has no more:
+        fixed, every T-th batch from its own q_pre; shared, whatever the one q_pre holds
+        next, once it has claimed one of the batches still to come."""
+        if not self.shared:
+            done = self._target_n.get(t, 0)
+            g = self.g0 + t + done * self.T
+            if g >= self.g_end:
+                return None
+            self._target_n[t] = done + 1
+            return g, self._get(self.q_pre[t], WAIT_PRE_EMPTY)
+        with self._claim_lock:
+            if self._to_claim <= 0:
+                return None
+            self._to_claim -= 1
+        blocks: BlockBatch = self._get(self.q_pre[0], WAIT_PRE_EMPTY)
+        return blocks.epoch * self.run.batches_per_epoch + blocks.batch.index, blocks
 
     def _drafter(self, r: int) -> None:
         run, cfg = self.run, self.cfg
@@ -294,9 +362,17 @@ class Pipeline:
             g = self.g0 + (s - self.s0) * self.D + r
             t = (g - self.g0) % self.T
             with clock.wait(STAGE_WAIT_HS):
-                item: FeatureItem = self._get(self.q_hs[t][r], WAIT_HS_EMPTY)
-                assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
-                wait_ready(item.ready, dev)
+                if self.shared:
+                    item: FeatureItem = self._get(self.q_hs_shared, WAIT_HS_EMPTY)
+                else:
+                    item = self._get(self.q_hs[t][r], WAIT_HS_EMPTY)
+                    assert item.g == g, f"drafter {r} expected batch {g}, got {item.g}"
+                if item.features.device == dev:
+                    wait_ready(item.ready, dev)
+            if item.features.device != dev:  # shared, replicas on several devices
+                with clock.work(STAGE_TRANSFER):
+                    item = self._pull(item, dev)
+            g = item.g
             self.state.thread_state("forward")
             noise = noise_at(s, run.total_steps, cfg.train)
             gen = None
@@ -314,6 +390,7 @@ class Pipeline:
                 scale = self.faults.loss_scale(s)
                 (out.loss * scale if scale != 1.0 else out.loss).backward()
             self.outs[r] = out
+            self.out_g[r] = g
             self.out_tokens[r] = item.blocks.tokens
             self.out_slots[r] = item.blocks.batch.input_ids.numel()
             del item, out
@@ -321,6 +398,20 @@ class Pipeline:
             if self._finish:
                 break
         self.state.thread_state("done")
+
+    def _pull(self, item: FeatureItem, dev: torch.device) -> FeatureItem:
+        """shared routing with replicas on several GPUs: the target left its batch on its
+        own device; the replica copies it over, after the target's stream made it, and
+        waits for the copy before the source can be freed (the target's allocator does not
+        know this stream reads it)."""
+        stream = torch.cuda.current_stream(dev)
+        if item.ready is not None:
+            stream.wait_event(item.ready)
+        blocks = item.blocks.to(dev, non_blocking=True)
+        features = item.features.to(dev, non_blocking=True)
+        attach_mask(blocks, self.run.settings.backend, self.run.settings.block_size)
+        _made_on(stream).synchronize()
+        return FeatureItem(g=item.g, blocks=blocks, features=features, ready=None)
 
     def _replica(self, r: int) -> tuple[torch.device, DFlashDrafter]:
         """Replica r's device and model (processes mode: this rank's one replica)."""
@@ -336,7 +427,7 @@ class Pipeline:
             self._barrier_wait()
 
     def _average_grads(self) -> None:
-        self.run.replicas.average_grads()
+        self.run.replicas.average_grads(self.out_tokens)
 
     def _sync_params(self) -> None:
         self.run.replicas.broadcast_params()
@@ -370,7 +461,11 @@ class Pipeline:
 
         tokens, slots = sum(self.out_tokens), sum(self.out_slots)
         p = self.position
-        p.step, p.batches, p.tokens = s + 1, p.batches + self.D, p.tokens + tokens
+        p.step, p.tokens = s + 1, p.tokens + tokens
+        if self.shared:
+            self._advance_position(list(self.out_g.values()))
+        else:
+            p.batches += self.D
         self._slots += slots
         epoch = p.batches / max(1, run.batches_per_epoch)
         self.state.record_step(p.step, p.tokens, epoch, self._slots)
@@ -399,6 +494,16 @@ class Pipeline:
             self._finish = True
         self.faults.after_step(p.step)  # DFLASH_FAULT=sigkill:N
 
+    def _advance_position(self, trained: list[int]) -> None:
+        """shared: the position is the lowest batch not yet trained; `ahead` counts those
+        trained beyond it, which a resume from this position trains again."""
+        p = self.position
+        self._trained_ahead.update(trained)
+        while p.batches in self._trained_ahead:
+            self._trained_ahead.discard(p.batches)
+            p.batches += 1
+        p.ahead = len(self._trained_ahead)
+
     def recent_loss(self) -> float | None:
         """The mean loss of the steps since the last step line (else that line's): what a
         checkpoint's sidecar records. Reads the device once; only checkpoints ask."""
@@ -417,6 +522,13 @@ class Pipeline:
     # -- lifecycle -----------------------------------------------------------------------
     def queue_depths(self) -> Queues:
         rt = self.cfg.runtime
+        if self.shared:
+            hs = self.q_hs_shared
+            return Queues(
+                q_pre=[QueueDepth(self.q_pre[0].qsize(), self.q_pre[0].maxsize)],
+                q_hs=[QueueDepth(hs.qsize(), hs.maxsize)],
+                routing="shared",
+            )
         return Queues(
             q_pre=[QueueDepth(q.qsize(), rt.q_pre_size) for q in self.q_pre],
             q_hs=[
@@ -474,6 +586,12 @@ class Pipeline:
 
     def alive_threads(self) -> list[str]:
         return [th.name for th in self.threads if th.is_alive()]
+
+
+def _made_on(stream: torch.cuda.Stream) -> torch.cuda.Event:
+    done = torch.cuda.Event()
+    done.record(stream)
+    return done
 
 
 def _pin(blocks: BlockBatch) -> BlockBatch:

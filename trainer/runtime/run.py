@@ -422,7 +422,7 @@ class Run:
         if checkpoint is None:
             return TrainPosition(step=0, batches=0, tokens=0)
         position = restore(setup, checkpoint)
-        self.log.line(f"resumed from {checkpoint} at step {position.step}")
+        self.log.line(f"resumed from {checkpoint} at step {position.step}{position.retrain_note()}")
         return position
 
     def _execute(self, checkpoint: Path | None) -> tuple[int, Any]:
