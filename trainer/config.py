@@ -159,6 +159,10 @@ class RuntimeConfig:
     # processes mode: how long any collective or feature transfer may wait before the rank
     # gives up (init_process_group's timeout), so no rank blocks forever on a lost peer.
     collective_timeout_s: float = 600.0
+    # Which target forwards a batch for which drafter replica: "fixed" (target g % T ->
+    # replica g % D) or "node" (processes mode: a target on the replica's own node, so
+    # feature batches stay off the inter-node link; trainer/distributed/routing.py).
+    routing: str = "fixed"
 
 
 @dataclass
@@ -213,6 +217,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
+    "runtime.routing": ("fixed", "node"),
     "eval.cuda_graphs": ("auto", "on", "off"),
     "eval.stream_priority": ("high", "low"),
 }
@@ -483,6 +488,9 @@ def validate(cfg: Config) -> None:
     if cfg.eval.every and not cfg.data.held_out:
         rule = "needs data.held_out > 0: held-out τ is measured on samples never trained on"
         raise bad_value("eval.every", cfg.eval.every, rule)
+    if cfg.runtime.routing == "node" and cfg.runtime.mode != "processes":
+        rule = 'needs runtime.mode = "processes" (threads mode runs on one node)'
+        raise bad_value("runtime.routing", cfg.runtime.routing, rule)
     if d.num_heads and d.num_kv_heads and d.num_heads % d.num_kv_heads:
         rule = f"must be a multiple of drafter.num_kv_heads ({d.num_kv_heads})"
         raise bad_value("drafter.num_heads", d.num_heads, rule)

@@ -23,6 +23,7 @@ from trainer.contract.phases import FINISHED, STOPPED, STOPPING, WARMUP
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
 from trainer.distributed.launcher_watch import watch_launcher
 from trainer.distributed.layout import Job, RankLayout, layout_from_env, rank_config, rank_dir
+from trainer.distributed.routing import check_routing
 from trainer.fsutil import atomic_write_json
 from trainer.runtime.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, Run, set_threads_for_cpu
 
@@ -250,6 +251,7 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     started = time.time()
     try:
         layout = layout_from_env(cfg)
+        check_routing(layout)  # before the rendezvous: no rank waits for a refused job
     except ConfigError as e:
         rank = os.environ.get("RANK", "0")
         if rank in ("", "0"):  # one line for the job, not one per rank
