@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import io
 import math
 import time
+import typing
 from typing import Any
 
 from monitor_helpers import typed_event
@@ -24,6 +26,7 @@ from dflash_tui.state import Store
 from dflash_tui.targets import Target
 from dflash_tui.widgets.ranks import RanksPane
 from trainer.contract.heartbeat import Heartbeat, parse_heartbeat
+from trainer.contract.typed import decode
 
 NAME = "two-hosts"
 HOST_A, HOST_B = [0, 1, 2], [3, 4, 5]
@@ -108,6 +111,24 @@ def test_a_heartbeat_without_ranks_reads_as_before() -> None:
     assert isinstance(hb, Heartbeat) and hb.ranks == {}
     with_ranks = parse_heartbeat(job)
     assert isinstance(with_ranks, Heartbeat) and sorted(with_ranks.ranks) == ["3", "4", "5"]
+
+
+def test_a_reader_from_before_ranks_reads_the_writers_heartbeat() -> None:
+    """Optional under schema 2: a reader whose Heartbeat has no `ranks` reads the recorded
+    writer's heartbeat.json as it read any other (typed.decode ignores a key it lacks)."""
+    hints = typing.get_type_hints(Heartbeat)
+    fields = [
+        (f.name, hints[f.name],
+         dataclasses.field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(Heartbeat)
+        if f.name != "ranks"
+    ]  # fmt: skip
+    old_heartbeat = dataclasses.make_dataclass("OldHeartbeat", fields)
+    job, _ = recorded(NAME)
+    old = decode(old_heartbeat, job)
+    assert not hasattr(old, "ranks") and old.step == job["step"]
+    new = dataclasses.asdict(decode(Heartbeat, job))
+    assert dataclasses.asdict(old) == {k: v for k, v in new.items() if k != "ranks"}
 
 
 def _plain(widget: Any) -> str:
