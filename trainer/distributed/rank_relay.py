@@ -40,11 +40,13 @@ FINAL_WAIT_S = 2.0  # how long a rank's last beat may wait for the writer to tak
 
 
 def relay_group(layout: RankLayout) -> Any:
-    """The relay's group (every rank makes it, in the same order as the others), or None
-    for a job on one host: its ranks' files are all in the writer's run dir already."""
+    """The relay's group: the writer and the ranks that send to it (every rank makes it, in
+    the same order as the others, members or not). None for a job on one host: its ranks'
+    files are all in the writer's run dir already."""
     if layout.nodes == 1:
         return None
-    return dist.new_group(list(range(layout.world_size)), backend="gloo", timeout=FOREVER)
+    members = [layout.writer_rank, *senders(layout)]
+    return dist.new_group(members, backend="gloo", timeout=FOREVER)
 
 
 def senders(layout: RankLayout) -> list[int]:
