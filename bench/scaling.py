@@ -64,6 +64,17 @@ LINKS = [
 ]
 # For the features with a NIC per GPU: the 5 target GPUs' NICs send them.
 FEATURE_NICS_PER_GPU = 5 * 50.0
+# The operators' box: 8x RTX PRO 6000 Blackwell (96 GB each) on PCIe, no NVLink. PCIe 5.0
+# x16 is 64 GB/s a direction in theory; ~52 GB/s is what DMA gets after packet overhead, and
+# a ring through a shared PCIe switch or root complex gets ~75 % of that: ~40 GB/s assumed
+# with GPU peer-to-peer on. Without it (P2P off, common on workstation boards and across
+# CPU sockets) NCCL stages every hop through host memory: about half, 20 GB/s assumed.
+PCIE_BOX = "8× RTX PRO 6000 Blackwell (96 GB, PCIe, no NVLink)"
+PCIE_THEORY = 64.0
+PCIE = [
+    Link("PCIe 5.0 x16, GPU peer-to-peer", 40.0, "effective ring bandwidth a GPU, one node"),
+    Link("PCIe 5.0 x16, through host memory", 20.0, "the same, GPU peer-to-peer off"),
+]
 
 
 # -- reading the measurements ------------------------------------------------------------
@@ -238,7 +249,7 @@ def message_bytes(w: Workload) -> dict[str, int]:
     }
 
 
-# -- routing: exact, by trainer/distributed/layout.py RankLayout
+# -- routing: exact, by trainer/distributed/routing.py on RankLayout
 @dataclass(frozen=True)
 class Routes:
     T: int
@@ -247,19 +258,20 @@ class Routes:
     cross: float  # fraction of batches whose target and drafter are on different nodes
 
 
-def routes(nodes: int) -> Routes:
-    """Batch g goes target g % T -> replica g % D (trainer/distributed/pipeline.py); ranks to nodes
-    by RankLayout.target_rank / drafter_rank. One period of lcm(T, D) batches is exact."""
+def routes(nodes: int, routing: str = "fixed") -> Routes:
+    """The batches' routes as the ranks compute them (trainer/distributed/routing.py `route`,
+    ranks to nodes by RankLayout). Both rules repeat every lcm(T, D, D * t) batches: exact."""
     from trainer.distributed.layout import RankLayout
+    from trainer.distributed.routing import crosses_nodes, route
 
     T, D = nodes * T_PER_NODE, nodes * D_PER_NODE
-    lay = RankLayout(0, T + D, 0, T, D, "auto", nodes)
-    period = math.lcm(T, D)
+    lay = RankLayout(0, T + D, 0, T, D, "auto", nodes, routing)
+    period = math.lcm(T, D, D * T_PER_NODE)
     pairs, cross = set(), 0
-    for g in range(period):
-        src, dst = lay.target_rank(g % T), lay.drafter_rank(g % D)
-        pairs.add((src, dst))
-        cross += src // lay.per_node != dst // lay.per_node
+    for i in range(period):
+        way = route(i, lay)
+        pairs.add((lay.target_rank(way.target), lay.drafter_rank(way.replica)))
+        cross += crosses_nodes(i, lay)
     return Routes(T, D, len(pairs), cross / period)
 
 
@@ -374,6 +386,10 @@ def render() -> str:
             ],
             [NVLINK.name, f"{NVLINK.gbytes_s:.0f} GB/s", "assumed", NVLINK.scope],
             *[
+                [k.name, f"{k.gbytes_s:g} GB/s (theory {PCIE_THEORY:g})", "assumed", k.scope]
+                for k in PCIE
+            ],
+            *[
                 [k.name, f"{k.gbytes_s:g} GB/s ({k.gbytes_s * 8:g} Gbit/s)", "assumed", k.scope]
                 for k in LINKS
             ],
@@ -441,18 +457,23 @@ def render() -> str:
         ],
     )
 
-    out += ["", "### 4. Feature transfer by node count (routing g % T → g % D)", ""]
+    out += [
+        "",
+        "### 4. Feature transfer by node count (`runtime.routing`: fixed g % T → g % D, and node)",
+        "",
+    ]
     rows = []
     node_rate = min(node_t, node_d)
     for n in NODE_COUNTS:
-        r = routes(n)
+        r, local = routes(n, "fixed"), routes(n, "node")
         egress = node_rate * per_tok * r.cross  # bytes/s leaving a node
         rows.append(
             [
                 str(n),
                 f"{r.T} : {r.D}",
-                str(r.pairs),
+                f"{r.pairs} / {local.pairs}",
                 f"{r.cross:.1%}",
+                f"{local.cross:.1%}",
                 f"{node_rate * per_tok / GiB:.2f}",
                 f"{egress / GiB:.2f} ({egress * 8 / GiB:.1f})",
                 f"{egress / (LINKS[1].gbytes_s * GiB):.1%}",
@@ -463,10 +484,11 @@ def render() -> str:
         [
             "nodes",
             "T : D",
-            "target→drafter pairs",
-            "batches crossing nodes",
+            "target→drafter pairs, fixed / node",
+            "batches crossing nodes, fixed (before)",
+            "node (after)",
             "features made a node, GB/s",
-            "leaving a node, GB/s (Gbit/s)",
+            "leaving a node with fixed, GB/s (Gbit/s)",
             "of one 400G NIC",
             "of 100G Ethernet",
         ],
@@ -475,7 +497,8 @@ def render() -> str:
     out += [
         "",
         f"At {fmt(node_rate)} tok/s a node (section 3's slower side, the drafters). "
-        "Node-local routing would make the crossing share 0 at every node count.",
+        "The shares are counted over whole periods of the ranks' own routing function; "
+        '`runtime.routing = "node"` leaves nothing to leave a node (table 6 shows fixed).',
     ]
 
     out += ["", "### 5. The drafters' gradient all_reduce, once per optimizer step", ""]
@@ -562,7 +585,51 @@ def render() -> str:
         ],
         rows,
     )
+    out += pcie_section(w, g, grad)
     return "\n".join(out) + "\n"
+
+
+def pcie_section(w: Workload, g: PerGpu, grad: int) -> list[str]:
+    """One node of the operators' PCIe box, 5 : 3: the drafters' gradient all_reduce in fp32
+    (as trained today) and in bf16 (half the bytes), against the drafter's step."""
+    D = D_PER_NODE
+    out = ["", f"### 7. The operators' box: {PCIE_BOX}, one node, 5 : 3", ""]
+    rows = []
+    for dtype, nbytes in (("fp32", grad), ("bf16", grad // 2)):
+        for k in PCIE:
+            ar = ring_s(D, nbytes, k.gbytes_s)
+            rows.append(
+                [
+                    dtype,
+                    f"{nbytes / GiB:.2f}",
+                    f"{2 * (D - 1) / D * nbytes / GiB:.2f}",
+                    f"{k.name} ({k.gbytes_s:g} GB/s)",
+                    f"{ar * 1e3:,.0f}",
+                    f"{ar / g.drafter_s:.0%}",
+                    f"{ar / (g.drafter_s + ar):.0%}",
+                    fmt(D * w.seq * w.batch / (g.drafter_s + ar)),
+                ]
+            )
+    out += table(
+        [
+            "gradient",
+            "GB a step",
+            "ring traffic a rank, GB",
+            "link (assumed)",
+            "all_reduce, ms",
+            "vs the step",
+            "share of a step, not overlapped",
+            "the node's drafters, tok/s",
+        ],
+        rows,
+    )
+    out += [
+        "",
+        f"Against the {g.drafter_s * 1e3:.0f} ms drafter step of section 3 (derived for an"
+        " H200; an RTX PRO 6000's own step is not measured). The link speeds are assumed"
+        f" (PCIe 5.0 x16: {PCIE_THEORY:g} GB/s a direction in theory); no PCIe box was lent.",
+    ]
+    return out
 
 
 def splice(doc: str, tables: str) -> str:

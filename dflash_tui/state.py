@@ -267,6 +267,8 @@ class Store:
         self.heartbeat = hb
         self.heartbeat_error = None
         self._remember(hb)
+        for bad in ranks_view.fold_relayed(self.ranks, hb.ranks):  # other hosts' ranks
+            self._skipped(bad)
 
     def _remember(self, hb: Heartbeat) -> None:
         """Into the history: in `now` order, once per `now`, within the window and count."""

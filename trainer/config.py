@@ -164,7 +164,9 @@ class RuntimeConfig:
     # reproducible to the bit, and a resume continues the same trajectory, but one slow
     # target stalls every drafter. "shared" (threads mode only): one q_pre feeds every
     # target and one q_hs every replica, so any idle thread takes the next batch; a resume
-    # may retrain the batches that were in flight.
+    # may retrain the batches that were in flight. "node" (processes mode): a target on
+    # the replica's own node forwards its batches, so feature batches stay off the
+    # inter-node link (trainer/distributed/routing.py).
     routing: str = "fixed"
 
 
@@ -220,7 +222,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "train.attention": ("auto", "flex", "sdpa"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
-    "runtime.routing": ("fixed", "shared"),
+    "runtime.routing": ("fixed", "shared", "node"),
     "eval.cuda_graphs": ("auto", "on", "off"),
     "eval.stream_priority": ("high", "low"),
 }
@@ -496,6 +498,9 @@ def validate(cfg: Config) -> None:
             f'threads mode only (runtime.mode = "{cfg.runtime.mode}" routes batches to fixed '
             'ranks); set runtime.routing = "fixed"'
         )
+        raise bad_value("runtime.routing", cfg.runtime.routing, rule)
+    if cfg.runtime.routing == "node" and cfg.runtime.mode != "processes":
+        rule = 'needs runtime.mode = "processes" (threads mode runs on one node)'
         raise bad_value("runtime.routing", cfg.runtime.routing, rule)
     if d.num_heads and d.num_kv_heads and d.num_heads % d.num_kv_heads:
         rule = f"must be a multiple of drafter.num_kv_heads ({d.num_kv_heads})"

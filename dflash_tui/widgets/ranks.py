@@ -4,9 +4,10 @@
     3     drafter 1  gpu-7   cuda:3  training   412   0s   1.5K   611 ms  19 ms straggler
 
 Compute vs comm is the rank's loop split (dflash_tui/rank_balance.py); the state mark is the
-rules' (diagnosis.rank_marks). Host strings (host, device, phase, role, an unreadable file's
-reason) go through widgets/safe.py. Hidden for a threads-mode run: its box carries the
-`-no-ranks` class until a rank heartbeat arrives (app.tcss).
+rules' (diagnosis.rank_marks), else `relayed` for a rank of another host (known through the
+writer's heartbeat.json, ranks_view.fold_relayed). Host strings (host, device, phase, role,
+an unreadable file's reason) go through widgets/safe.py. Hidden for a threads-mode run: its
+box carries the `-no-ranks` class until a rank heartbeat arrives (app.tcss).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from dflash_tui.widgets import quiet, safe
 HOST_MAX = 16  # a longer host name is cut (the host chooses it)
 REASON_MAX = 48  # why a rank's file is unreadable (it quotes the file): cut to this
 COLUMNS = ("rank", "role", "host", "device", "phase", "step", "lag", "tok/s", "compute", "comm")
-MARK_STYLE = {"failed": "bold red", "silent": "bold red", "straggler": "bold yellow"}
+MARK_STYLE = {
+    "failed": "bold red",
+    "silent": "bold red",
+    "straggler": "bold yellow",
+    "relayed": "dim",  # a rank of another host, through the writer's heartbeat.json
+}
 
 
 def _cut(value: str, width: int, style: str = "") -> Text:
@@ -58,7 +64,7 @@ class RanksPane(Static):
                 t.add_row(Text(str(rank)), Text("unreadable", style="red"), *empty, why)
                 continue
             sp = rank_balance.split(b)
-            mark = marks.get(rank, "")
+            mark = marks.get(rank, "") or ("relayed" if seen.relayed else "")
             t.add_row(
                 Text(str(rank)),
                 _cut(f"{b.role} {b.index}", 12),

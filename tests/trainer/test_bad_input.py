@@ -165,6 +165,11 @@ CASES: list[tuple[str, Any, list[str]]] = [
         ],
     ),
     (
+        "node-routing-in-threads-mode",
+        ["--set", "runtime.routing=node"],
+        ['config: runtime.routing = "node": needs runtime.mode = "processes"'],
+    ),
+    (
         "compile-cache-on-a-file",
         lambda t: ["--set", f"runtime.compile_cache_dir={json.dumps(_file(t))}"],
         ["runtime.compile_cache_dir", "taken", "cannot create the folder"],

@@ -117,3 +117,60 @@ def test_a_job_over_two_hosts_trains_the_threads_trajectory_and_resumes_from_nod
         assert m["tokens"] == expected[m["step"]]["tokens"]
     # Node 1's drafter logs the same (all-reduced) numbers into its host's run dir.
     assert [m["loss"] for m in metrics(b2)] == [m["loss"] for m in metrics(a2)]
+
+
+NODE_ROUTED = (
+    *("--set", 'runtime.targets=["cpu","cpu"]', "--set", 'runtime.drafters=["cpu"]'),
+    *("--set", "runtime.routing=node", "--max-steps", "4"),
+)
+
+
+def test_node_routing_over_two_hosts_sends_no_batch_across_and_status_shows_every_rank(
+    tmp_path, tiny_target_dir
+):
+    """2 targets + 1 replica a host: "fixed" routing would send half the batches across
+    (target 1 of host a feeds replica 1 of host b); "node" sends none, and the replicas
+    train the same batches in the same order, so the losses are threads mode's. Host a's
+    `status` shows host b's ranks too, relayed by the writer (trainer/distributed/rank_relay.py)."""
+    ref = threads_run(
+        tmp_path / "threads",
+        *("--set", 'runtime.targets=["cpu","cpu","cpu","cpu"]'),
+        *("--set", 'runtime.drafters=["cpu","cpu"]', "--max-steps", "4"),
+    )
+    try:
+        two_nodes(tmp_path / "job", "job-1", *NODE_ROUTED)
+        assert ref.wait(timeout=300) == 0, (tmp_path / "threads" / "trainer.out").read_text()
+    finally:
+        ref.kill()
+    a = tmp_path / "job" / "host-a" / "runs" / "job-1"
+    b = tmp_path / "job" / "host-b" / "runs" / "job-1"
+    # Each target rank's own train.log says what it forwarded and how much left its node:
+    # 8 batches over 4 targets, none across.
+    said = {}
+    for host, ranks in ((a, (0, 1)), (b, (3, 4))):
+        for rank in ranks:
+            log = (host / "ranks" / f"rank-{rank}" / "train.log").read_text()
+            line = next(ln for ln in log.splitlines() if "batches, " in ln)
+            said[rank] = line.split("] ", 1)[-1] if "] " in line else line
+    for rank, line in said.items():
+        assert "forwarded 2 batches, 0 to another node's drafters" in line, (rank, line)
+        assert "runtime.routing = node" in line
+    expected = [m["loss"] for m in metrics(the_run_dir(tmp_path / "threads"))]
+    got = [m["loss"] for m in metrics(a)]
+    assert len(got) == 4
+    assert got == pytest.approx(expected, rel=REL_TOLERANCE)
+    assert [m["loss"] for m in metrics(b)] == got
+    # `status` on host a names all six ranks: host b's through the writer's heartbeat.
+    status = [sys.executable, "-m", "dflash_tui", "status", "local", "--run-root", str(a.parent)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    said = subprocess.run(status, env=env, capture_output=True, text=True, timeout=120)
+    for rank, role in enumerate(["target 0", "target 1", "drafter 0"]):
+        assert f"rank {rank} ({role}) pid " in said.stdout, said.stdout
+    for rank, role in zip((3, 4, 5), ("target 2", "target 3", "drafter 1"), strict=True):
+        line = next(ln for ln in said.stdout.splitlines() if ln.startswith(f"rank {rank} "))
+        assert line.startswith(f"rank {rank} ({role}) pid "), said.stdout
+        assert ": finished, step " in line and line.endswith(", relayed by the writer"), line
+    as_json = subprocess.run([*status, "--json"], env=env, capture_output=True, text=True)
+    ranks = json.loads(as_json.stdout)["state"]["ranks"]
+    assert [(x["rank"], x["relayed"]) for x in ranks] == [(r, r >= 3) for r in range(6)]
+    assert all(x["heartbeat"]["phase"] == "finished" for x in ranks), ranks

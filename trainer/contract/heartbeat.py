@@ -25,6 +25,9 @@ Schema history (ARCHITECTURE.md, "Versioning"):
      the newest save that failed (trainer/contract/checkpoints.py `CheckpointPlan`);
      `queues.routing`, runtime.routing ("fixed" when absent): under "shared" `queues` holds
      one q_pre and one q_hs, each fed to every target or drafter.
+     `ranks`, in the writer's heartbeat of a processes-mode job over several hosts, the
+     ranks of the other hosts as they last reached it (trainer/contract/ranks.py
+     `relayed_ranks` reads them).
 """
 
 from __future__ import annotations
@@ -295,6 +298,12 @@ class Heartbeat:
     # What the checkpoints will take and the newest that failed; None: before the drafter is
     # built, or an older trainer.
     checkpoints: CheckpointPlan | None = None
+    # A processes-mode job over several hosts, the writer's heartbeat only: each rank of the
+    # other hosts as it last reached the writer (trainer/distributed/rank_relay.py),
+    # {"R": {"received": the writer's clock, "beat": its heartbeat-rank R}}. Any: each entry
+    # is checked on its own (ranks.relayed_ranks), so one bad rank spoils only itself.
+    # Empty: one host, any other process, or an older trainer.
+    ranks: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def process_group(self) -> int:

@@ -12,11 +12,17 @@ Schema history (ARCHITECTURE.md, "Versioning" — the same rules as the heartbea
      without them read as "not measured"): `tok_s` and `batches_s`, the rank's own rate, and
      `loop`/`stages_ms`, its loop thread's stage medians (trainer/reporting/stages.py): what the
      straggler and slow-link rules compare between ranks.
+
+The writer's heartbeat.json of a job over several hosts carries the other hosts' rank
+heartbeats too (`Heartbeat.ranks`, trainer/distributed/rank_relay.py), in their relay form
+(`relay_form`: no traceback, no queues, a bounded error message): `relayed_ranks` reads
+them, each with this module's own checks, as untrusted as a file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -139,3 +145,53 @@ def read_rank_heartbeat(run_dir: str | Path, rank: int) -> RankHeartbeat | Unrea
         return raw
     data = parse_json(raw, name, MAX_RANK_HEARTBEAT_BYTES)
     return data if isinstance(data, Unreadable) else parse_rank_heartbeat(data, name)
+
+
+# The relay form: what one rank's heartbeat may take on the wire and in heartbeat.json.
+RELAY_MAX_BYTES = 4096 - 4  # a fixed 4 KiB message a beat, less its length prefix
+RELAY_MAX_MESSAGE = 500  # characters of an error message (its traceback stays in the file)
+_RANK_KEY = re.compile(r"\d{1,5}")
+
+
+def relay_form(beat: dict[str, Any]) -> bytes | None:
+    """A rank heartbeat's JSON made small enough to relay: without its queues (the writer's
+    own heartbeat has the job's) and its error's traceback (the rank's own file keeps it),
+    then without its stage times if still too big; None when even that does not fit."""
+    small = {k: v for k, v in beat.items() if k != "queues"}
+    if isinstance(small.get("error"), dict):
+        error = small["error"]
+        small["error"] = {
+            **error,
+            "traceback": "",
+            "message": str(error.get("message", ""))[:RELAY_MAX_MESSAGE],
+        }
+    for drop in ((), ("stages_ms",)):
+        text = json.dumps({k: v for k, v in small.items() if k not in drop}, separators=(",", ":"))
+        raw = text.encode()
+        if len(raw) <= RELAY_MAX_BYTES:
+            return raw
+    return None
+
+
+def relayed_ranks(ranks: Any) -> dict[int, tuple[float, RankHeartbeat] | Unreadable]:
+    """heartbeat.json's `ranks`, each entry checked alone: {R: (when it reached the writer,
+    on the writer's clock; its heartbeat) | why it is unreadable}. At most MAX_RANKS."""
+    out: dict[int, tuple[float, RankHeartbeat] | Unreadable] = {}
+    if not isinstance(ranks, dict):
+        return out
+    for key, entry in list(ranks.items())[:MAX_RANKS]:
+        if not isinstance(key, str) or not _RANK_KEY.fullmatch(key):
+            continue  # not a rank's number: nothing to show it under
+        rank, what = int(key), f"heartbeat.json ranks[{key}]"
+        received = entry.get("received") if isinstance(entry, dict) else None
+        if isinstance(received, bool) or not isinstance(received, int | float):
+            out[rank] = Unreadable(what, "no time it was received")
+            continue
+        if not 0.0 < received < math.inf:
+            out[rank] = Unreadable(what, f"received at {received}: not a time")
+            continue
+        beat = parse_rank_heartbeat(entry.get("beat"), what)
+        if isinstance(beat, RankHeartbeat) and beat.rank != rank:
+            beat = Unreadable(what, f"says it is rank {beat.rank}")
+        out[rank] = beat if isinstance(beat, Unreadable) else (float(received), beat)
+    return out

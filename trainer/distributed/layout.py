@@ -14,13 +14,14 @@ lists are per node, so every node runs t = len(runtime.targets) targets and d =
 len(runtime.drafters) replicas and the job has T = N*t, D = N*d. Node n holds global ranks
 n*(t+d) .. n*(t+d)+t+d-1 (torchrun's RANK = node rank * local world + local rank); on it
 local ranks 0..t-1 run targets n*t .. n*t+t-1 and local ranks t..t+d-1 replicas n*d ..
-n*d+d-1, each on the node's own list entry. Batch g still goes target g % T -> replica
-g % D, and the writer is still replica 0 (global rank t, on node 0). With N = 1 this is
-the single-node mapping above, unchanged. Each host keeps a run dir of its own with the job's
-run id (no shared filesystem needed): node 0's is the job's; on node n the node's lead (its
-first replica, local rank t) writes config.json, train.log and heartbeat.json there, and each
-of its ranks its heartbeat-rank{R}.json. Only node 0 holds checkpoints; a resume is sent
-from the writer to every rank (trainer/distributed/resume.py).
+n*d+d-1, each on the node's own list entry. Batch g goes to replica g % D, from target g % T
+or, with runtime.routing = "node", from a target on the replica's own node
+(trainer/distributed/routing.py); the writer is still replica 0 (global rank t, on node 0).
+With N = 1 this is the single-node mapping above, unchanged. Each host keeps a run dir of
+its own with the job's run id (no shared filesystem needed): node 0's is the job's; on node
+n the node's lead (its first replica, local rank t) writes config.json, train.log and
+heartbeat.json there, and each of its ranks its heartbeat-rank{R}.json. Only node 0 holds
+checkpoints; a resume is sent from the writer to every rank (trainer/distributed/resume.py).
 
 Nothing here imports torch at module level: the refusal of a wrong world size comes before
 torch is imported and before any rendezvous, so it never waits for a peer.
@@ -51,6 +52,7 @@ class RankLayout:
     drafters: int  # D, over every node
     device: str  # as the config names it ("cpu", "cuda:1", "auto")
     nodes: int = 1  # N; the lists are per node, so t = T // N and d = D // N
+    routing: str = "fixed"  # runtime.routing: which target feeds which replica (routing.py)
 
     @property
     def per_node(self) -> int:
@@ -147,7 +149,7 @@ def layout_from_env(cfg: Config, env: Mapping[str, str] | None = None) -> RankLa
     nodes = world // (t + d)
     on_node = rank % (t + d)
     device = rt.targets[on_node] if on_node < t else rt.drafters[on_node - t]
-    return RankLayout(rank, world, local, nodes * t, nodes * d, device, nodes)
+    return RankLayout(rank, world, local, nodes * t, nodes * d, device, nodes, rt.routing)
 
 
 def rank_config(cfg: Config, layout: RankLayout) -> Config:

@@ -1,9 +1,10 @@
 """processes mode: the pipeline of one rank, a target or a drafter replica
 (trainer/distributed/layout.py).
 
-The threaded pipeline's routing, unchanged (trainer/runtime/pipeline.py): batch g is forwarded by
-target t = (g - g0) % T and trained by replica r = (g - g0) % D; step s trains batches
-g0 + (s - s0)*D + r. Only the hops between roles change:
+Batch g is trained by replica r = (g - g0) % D (step s trains batches g0 + (s - s0)*D + r,
+as in the threaded pipeline) and forwarded by the target trainer/distributed/routing.py
+names: t = (g - g0) % T ("fixed"), or one on r's own node ("node"). Only the hops between
+roles change:
 
   target rank t:   prefetch thread -> q_pre -> target thread -> isend to drafter rank T + r
                    (at most q_hs_size sends in flight per drafter: trainer/distributed/transfer.py)
@@ -45,6 +46,7 @@ from trainer.contract.heartbeat import (
 from trainer.contract.phases import TRAINING
 from trainer.distributed.blame import is_peer_loss
 from trainer.distributed.layout import Job, RankLayout
+from trainer.distributed.routing import crosses_nodes, route
 from trainer.distributed.transfer import FeatureSender, receive
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import STAT_NAMES, LossOutput
@@ -109,6 +111,9 @@ class _RankPipeline(Pipeline):
     def _target_device(self, t: int) -> torch.device:
         return self.run.target_devices[0]
 
+    def _target_of(self, g: int) -> int:
+        return route(g - self.g0, self.layout).target
+
     def _replica(self, r: int) -> tuple[torch.device, DFlashDrafter]:
         return self.run.drafter_devices[0], self.run.replicas.models[0]
 
@@ -119,6 +124,7 @@ class TargetRankPipeline(_RankPipeline):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.t = self.layout.index
+        self.off_node = 0  # batches whose drafter is on another node
         self.sender = FeatureSender(self.cfg.runtime.q_hs_size, self.job.comm_device)
 
     def _prefetch_targets(self, p: int) -> set[int]:
@@ -128,7 +134,8 @@ class TargetRankPipeline(_RankPipeline):
         dev = self.run.target_devices[0]
         features_of = self.run.targets[dev].features
         clock = self.state.stage_clock(str(dev))
-        for n, g in enumerate(range(self.g0 + t, self.g_end, self.T)):
+        mine = (g for g in range(self.g0, self.g_end) if self._target_of(g) == t)
+        for n, g in enumerate(mine):
             clock.lap()
             with clock.wait(STAGE_WAIT_PRE):
                 blocks: BlockBatch = self._get(self.q_pre[t], WAIT_PRE_EMPTY)
@@ -143,7 +150,7 @@ class TargetRankPipeline(_RankPipeline):
                     features = features_of(b.input_ids)
                 else:
                     features = features_of(b.input_ids, b.position_ids, docs)
-            r = (g - self.g0) % self.D
+            r = route(g - self.g0, self.layout).replica
             dst = self.layout.drafter_rank(r)
             try:
                 with clock.wait(STAGE_WAIT_HS):
@@ -160,6 +167,7 @@ class TargetRankPipeline(_RankPipeline):
                 raise
             with self._count_lock:
                 self._target_batches += 1
+            self.off_node += crosses_nodes(g - self.g0, self.layout)
             self.own_rate.count(blocks.tokens)
             step = self.s0 + (g - self.g0) // self.D + 1
             if step > self.rank_step:
@@ -167,6 +175,11 @@ class TargetRankPipeline(_RankPipeline):
                 self.state.record_step(step, 0, 0.0)
             if n == 0:
                 self.state.set_phase(TRAINING)
+        # What routing did to the inter-node link: the batches this target sent off its node.
+        self.log.line(
+            f"{self.layout.name}: forwarded {self._target_batches} batches, {self.off_node} to"
+            f" another node's drafters (runtime.routing = {self.layout.routing})"
+        )
         self.state.thread_state("waiting for the drafters to take the last batches")
         try:
             self.sender.flush()
@@ -229,7 +242,7 @@ class DrafterRankPipeline(_RankPipeline):
         for s in range(self.s0, self.run.total_steps):
             clock.lap()
             g = self.g0 + (s - self.s0) * self.D + r
-            t = (g - self.g0) % self.T
+            t = self._target_of(g)
             src = self.layout.target_rank(t)
             self.state.thread_state(f"receiving from rank {src}")
             with clock.wait(STAGE_WAIT_HS):

@@ -23,6 +23,8 @@ from trainer.contract.phases import FINISHED, STOPPED, STOPPING, WARMUP
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
 from trainer.distributed.launcher_watch import watch_launcher
 from trainer.distributed.layout import Job, RankLayout, layout_from_env, rank_config, rank_dir
+from trainer.distributed.rank_relay import RankCollector, RankSender, relay_group, senders
+from trainer.distributed.routing import check_routing
 from trainer.fsutil import atomic_write_json
 from trainer.runtime.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, Run, set_threads_for_cpu
 
@@ -36,14 +38,31 @@ class RankRun(Run):
         layout: RankLayout,
         job: Job,
         job_cfg: Config,
+        relay: Any = None,
     ) -> None:
-        """`cfg`: this rank's (its one device); `job_cfg`: the job's, as config.json has it."""
+        """`cfg`: this rank's (its one device); `job_cfg`: the job's, as config.json has it;
+        `relay`: the rank relay's group (rank_relay.py), None for a job on one host."""
         super().__init__(cfg, rank_dir(job_dir, layout), meta, echo=layout.node_lead)
         self.job_dir, self.layout, self.job, self.job_cfg = job_dir, layout, job, job_cfg
         self.state.run_id = self.heartbeat.process.run_id = job_dir.name
         self.heartbeat.also = self._write_rank_heartbeat
         self._own_error: ErrorInfo | None = None
         self.failed_rank: int | None = None
+        # The other hosts' ranks: sent to the writer, kept in its heartbeat.json's `ranks`.
+        self._sender: RankSender | None = None
+        self._collector: RankCollector | None = None
+        if relay is not None and layout.writer:
+            self._collector = RankCollector(layout, relay)
+            self._collector.start()
+            self.heartbeat.before = self._take_relayed_ranks
+        elif relay is not None and layout.rank in senders(layout):
+            self._sender = RankSender(layout, relay)
+            self._sender.start()
+
+    def _take_relayed_ranks(self, final: bool) -> None:
+        assert self._collector is not None
+        got = self._collector.wait_final() if final else self._collector.ranks()
+        self.heartbeat.process.ranks = got
 
     # -- the rank's heartbeat ------------------------------------------------------------
     def _write_rank_heartbeat(self, beat: Heartbeat, final: bool) -> None:
@@ -76,7 +95,10 @@ class RankRun(Run):
             stages_ms=dict(loop.stages_ms) if loop is not None else {},
         )
         path = self.job_dir / rank_heartbeat_name(lay.rank)
-        atomic_write_json(path, rank_beat.to_json(), durable=False)
+        data = rank_beat.to_json()
+        atomic_write_json(path, data, durable=False)
+        if self._sender is not None:
+            self._sender.offer(data, final)
 
     def _after_crash(self, code: int) -> None:
         """Say this rank's failure at once (the others look for it), then find the rank
@@ -250,12 +272,14 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     started = time.time()
     try:
         layout = layout_from_env(cfg)
+        check_routing(layout)  # before the rendezvous: no rank waits for a refused job
     except ConfigError as e:
         rank = os.environ.get("RANK", "0")
         if rank in ("", "0"):  # one line for the job, not one per rank
             print(f"error: {one_line(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job = Job(cfg, layout)
+    relay = relay_group(layout)  # every rank, in the same order: a group is made by all
 
     def make_run_dir() -> tuple[str, dict[str, Any]]:
         run_dir = prepare_run_dir(args.run_root, args.run_dir, cfg.name)
@@ -294,7 +318,7 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}
     # Only the writer reads a checkpoint; the others are sent it (trainer/distributed/resume.py).
     checkpoint = Path(meta["checkpoint"]) if layout.writer and meta.get("checkpoint") else None
-    run = RankRun(mine, run_dir, meta, layout, job, cfg)
+    run = RankRun(mine, run_dir, meta, layout, job, cfg, relay)
     watch_launcher(run._on_stop)  # no orphan rank: trainer/distributed/launcher_watch.py
     code = run.execute(checkpoint)
     # Leave without tearing the process group down: a peer that already left (or one that

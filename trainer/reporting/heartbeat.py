@@ -162,6 +162,9 @@ class HeartbeatWriter(threading.Thread):
         # Called with each heartbeat written and whether it is the final one: processes mode
         # writes the rank's own heartbeat-rank{R}.json from it (trainer/distributed/run.py).
         self.also: Callable[[Heartbeat, bool], None] = lambda _beat, _final: None
+        # Called before each heartbeat is built, with whether it is the final one: the
+        # processes-mode writer puts the other hosts' ranks into `process` from it.
+        self.before: Callable[[bool], None] = lambda _final: None
         self._poke = threading.Event()
         state.on_phase = self._poke.set  # a phase change is written at once, not up to 2 s late
 
@@ -198,6 +201,7 @@ class HeartbeatWriter(threading.Thread):
         """Build and write one heartbeat (also called directly for the first and the final
         one); every TELEMETRY_INTERVAL_S, and always for a final one, the history too."""
         with self._write_lock:
+            self.before(final)
             beat = self.build()
             data = beat.to_json()
             # No fsync: it is rewritten every interval; os.replace alone keeps it whole.

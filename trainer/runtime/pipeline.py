@@ -251,6 +251,10 @@ class Pipeline:
     def _target_device(self, t: int) -> torch.device:
         return self.run.target_devices[t]
 
+    def _target_of(self, g: int) -> int:
+        """The target that forwards batch g (processes mode: trainer/distributed/routing.py)."""
+        return (g - self.g0) % self.T
+
     def _prefetch_targets(self, p: int) -> set[int]:
         """The targets prefetch thread `p` builds batches for."""
         return {t for t in range(self.T) if t % self.P == p}
@@ -261,7 +265,7 @@ class Pipeline:
         n = 0
         clock = self.state.stage_clock("cpu")
         for g in range(self.g0, self.g_end):
-            t = (g - self.g0) % self.T
+            t = self._target_of(g)
             if self.shared:  # one q_pre: prefetch thread p builds every P-th batch
                 if (g - self.g0) % self.P != p:
                     continue
@@ -360,7 +364,7 @@ class Pipeline:
         for n, s in enumerate(range(self.s0, run.total_steps)):
             clock.lap()
             g = self.g0 + (s - self.s0) * self.D + r
-            t = (g - self.g0) % self.T
+            t = self._target_of(g)
             with clock.wait(STAGE_WAIT_HS):
                 if self.shared:
                     item: FeatureItem = self._get(self.q_hs_shared, WAIT_HS_EMPTY)
