@@ -85,7 +85,9 @@ def run_engine(engine: str, sh: Shapes, steps: int) -> dict[str, float]:
     if engine == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model, init_sync=False, forward_sync_buffers=False)
+        model = DistributedDataParallel(
+            model, init_sync=False, forward_sync_buffers=False, gradient_as_bucket_view=True
+        )
     elif engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
