@@ -50,7 +50,7 @@ def job(tree: Path, root: Path, steps: int, *extra: str, processes: bool = True)
     cmd += [*QUIET, "--max-steps", str(steps), *extra]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with open(root / "out.txt", "wb") as out:
-        r = subprocess.run(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
+        r = subprocess.run(cmd, cwd=tree, env=env, stdout=out, stderr=out, check=False)
     if r.returncode != 0:
         sys.exit(f"a job failed ({r.returncode}): {root / 'out.txt'}")
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
@@ -101,13 +101,14 @@ def main() -> None:
         for i in range(args.rounds):
             hand = job(base, work / f"hand-{i}", args.steps)
             ddp = job(ROOT, work / f"ddp-{i}", args.steps)
+            hand_ms, ddp_ms = pace_ms(hand), pace_ms(ddp)
             rnd = {
-                "hand_ms": pace_ms(hand),
-                "ddp_ms": pace_ms(ddp),
+                "hand_ms": hand_ms,
+                "ddp_ms": ddp_ms,
+                "ratio": ddp_ms / hand_ms,
                 "hand_peak_mb": drafter_peaks_mb(hand),
                 "ddp_peak_mb": drafter_peaks_mb(ddp),
             }
-            rnd["ratio"] = rnd["ddp_ms"] / rnd["hand_ms"]
             print(f"round {i}: {json.dumps(rnd)}", flush=True)
             res["rounds"].append(rnd)
         bf16 = job(ROOT, work / "bf16", args.steps, "--set", "runtime.grad_reduce_dtype=bf16")

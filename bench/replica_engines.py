@@ -62,7 +62,7 @@ class DrafterLoss(nn.Module):
         return drafter_loss(self.drafter, blocks, features, settings)  # type: ignore[arg-type]
 
 
-def flat_reduce(params: list[torch.Tensor], world: int) -> None:
+def flat_reduce(params: list[nn.Parameter], world: int) -> None:
     """The old hand-written reduce: one flat fp32 all_reduce after backward, then / world."""
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch._utils._flatten_dense_tensors(grads)
@@ -85,9 +85,7 @@ def run_engine(engine: str, sh: Shapes, steps: int) -> dict[str, float]:
     if engine == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(
-            model, init_sync=False, forward_sync_buffers=False, gradient_as_bucket_view=True
-        )
+        model = DistributedDataParallel(model, init_sync=False, gradient_as_bucket_view=True)
     elif engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 

@@ -54,6 +54,13 @@ def finish(job: subprocess.Popen[bytes], out: Path) -> None:
         kill_session(job)
 
 
+def finish_threads(run: subprocess.Popen[bytes], root: Path) -> None:
+    try:
+        assert run.wait(timeout=300) == 0, (root / "trainer.out").read_text()
+    finally:
+        run.kill()
+
+
 def test_one_drafter_rank_trains_without_a_collective_and_two_all_reduce_in_bf16(
     tmp_path, tiny_target_dir
 ):
@@ -100,11 +107,11 @@ def test_a_checkpoint_of_three_drafter_ranks_resumes_on_two_on_one_and_in_thread
     on_two = torchrun(tmp_path / "two", *resume, *ONE_TARGET, *drafters(2), nproc=3)
     threads_two = threads_run(tmp_path / "threads-two", *resume)
     finish(on_two, tmp_path / "two" / "torchrun.out")
-    assert threads_two.wait(timeout=300) == 0, (tmp_path / "threads-two" / "trainer.out").read_text()
+    finish_threads(threads_two, tmp_path / "threads-two")
     on_one = torchrun(tmp_path / "one", *resume, *ONE_TARGET, *drafters(1), nproc=2)
     threads_one = threads_run(tmp_path / "threads-one", *resume, *ONE_TARGET, *drafters(1))
     finish(on_one, tmp_path / "one" / "torchrun.out")
-    assert threads_one.wait(timeout=300) == 0, (tmp_path / "threads-one" / "trainer.out").read_text()
+    finish_threads(threads_one, tmp_path / "threads-one")
 
     for name, ref in (("two", "threads-two"), ("one", "threads-one")):
         run_dir = the_run_dir(tmp_path / name / "runs")

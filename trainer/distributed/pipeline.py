@@ -252,8 +252,10 @@ class DrafterRankPipeline(_RankPipeline):
         self, model: DFlashDrafter, item: FeatureItem, noise: float, gen: torch.Generator | None
     ) -> LossOutput:
         """Through DDP (replica_sync.py), whose backward reduces the gradients in buckets."""
-        blocks, settings = item.blocks, self.run.settings
-        return self.sync.loss(model, blocks, item.features, settings, noise, gen)
+        out: LossOutput = self.sync.forward_loss(
+            item.blocks, item.features, self.run.settings, noise, gen
+        )
+        return out
 
     def _before_backward(self, tokens: int, clock: StageClock) -> None:
         # The step's token sum: the first collective of the step, so it is where a rank

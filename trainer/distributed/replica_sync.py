@@ -77,33 +77,19 @@ class ReplicaSync:
         self._tokens = 0.0  # this rank's batch's real tokens, for the hook
         self._total: Tensor | None = None  # the step's token sum (before_backward)
         self.ddp: DistributedDataParallel | None = None
+        # The forward and loss: through DDP with several drafter ranks, so backward reduces.
+        self.forward_loss: nn.Module = _DrafterLoss(drafter)
         if layout.drafters > 1:
-            self.ddp = DistributedDataParallel(
-                _DrafterLoss(drafter),
+            self.forward_loss = self.ddp = DistributedDataParallel(
+                self.forward_loss,
                 process_group=job.drafters,
                 # Every rank built the same weights from the same seed, or was sent the
                 # writer's checkpoint: no init broadcast (it would send the frozen
-                # embedding and head too) and no buffer sync per forward.
+                # embedding and head too). The drafter has no buffers to sync.
                 init_sync=False,
-                forward_sync_buffers=False,
                 gradient_as_bucket_view=True,  # the buckets are the .grad: no second copy
             )
             self.ddp.register_comm_hook(self, _weighted_sum_hook)
-
-    def loss(
-        self,
-        drafter: DFlashDrafter,
-        blocks: BlockBatch,
-        features: Tensor,
-        settings: LossSettings,
-        noise_std: float,
-        gen: torch.Generator | None,
-    ) -> LossOutput:
-        """The forward: through DDP with several drafter ranks, so its backward reduces."""
-        if self.ddp is None:
-            return drafter_loss(drafter, blocks, features, settings, noise_std, gen)
-        out: LossOutput = self.ddp(blocks, features, settings, noise_std, gen)
-        return out
 
     def before_backward(self, tokens: int) -> None:
         """The step's token sum, all-reduced before the gradients that it divides."""
