@@ -12,9 +12,10 @@ drafter ranks, `--steps` steps, one job at a time:
   ddp bf16      this tree, runtime.grad_reduce_dtype = "bf16"
   threads       this tree, threads mode (2 target threads, 2 replicas): the reference losses
 
-The hand-written and DDP jobs alternate for `--rounds` rounds; the step time of a job is
-its steady pace (the metrics' elapsed time from step 10 to the last, per step), the ratio
-is DDP's over the hand-written one of the same round, and the table gives the median.
+Each round runs a hand-written and a DDP job side by side (the box's other load falls on
+both alike); the step time of a job is its steady pace (the metrics' elapsed time from step
+10 to the last, per step), the ratio is DDP's over the hand-written one of the same round,
+and the table gives the median over `--rounds`; then the bf16 and threads jobs, side by side.
 Losses: the largest relative difference per step, DDP fp32 against threads mode and bf16
 against fp32. Memory: each drafter rank's peak RSS over its metrics rows (on CPU the
 trainer's memory figure is the process's RSS).
@@ -38,8 +39,8 @@ QUIET = ["--set", "runtime.wandb_mode=disabled", "--set", "train.log_every=1"]
 WARM = 10  # steps before the pace is measured (first steps compile nothing on CPU, but warm)
 
 
-def job(tree: Path, root: Path, steps: int, *extra: str, processes: bool = True) -> Path:
-    """One job of the trainer in `tree`, its run dir under `root` returned."""
+def start(tree: Path, root: Path, steps: int, *extra: str, processes: bool = True) -> Job:
+    """One job of the trainer in `tree`, started, its run under `root`."""
     root.mkdir(parents=True)
     cmd = [sys.executable]
     if processes:
@@ -50,11 +51,19 @@ def job(tree: Path, root: Path, steps: int, *extra: str, processes: bool = True)
     cmd += [*QUIET, "--max-steps", str(steps), *extra]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with open(root / "out.txt", "wb") as out:
-        r = subprocess.run(cmd, cwd=tree, env=env, stdout=out, stderr=out, check=False)
-    if r.returncode != 0:
-        sys.exit(f"a job failed ({r.returncode}): {root / 'out.txt'}")
-    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
-    return run_dir
+        return Job(root, subprocess.Popen(cmd, cwd=tree, env=env, stdout=out, stderr=out))
+
+
+class Job:
+    def __init__(self, root: Path, proc: subprocess.Popen[bytes]) -> None:
+        self.root, self.proc = root, proc
+
+    def run_dir(self) -> Path:
+        """Waits for the job; its run dir."""
+        if (code := self.proc.wait()) != 0:
+            sys.exit(f"a job failed ({code}): {self.root / 'out.txt'}")
+        (run_dir,) = [p for p in self.root.iterdir() if p.is_dir()]
+        return run_dir
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
@@ -75,6 +84,12 @@ def drafter_peaks_mb(run_dir: Path) -> list[float]:
     return out
 
 
+def drafter_stages(run_dir: Path) -> dict[str, float]:
+    """The writer's drafter thread's stage medians (ms per step) at the last row."""
+    stages: dict[str, float] = rows(run_dir / "metrics.jsonl")[-1]["stages_ms"]["drafter-0"]
+    return stages
+
+
 def losses(run_dir: Path) -> list[float]:
     return [m["loss"] for m in rows(run_dir / "metrics.jsonl")]
 
@@ -88,7 +103,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline", default="main", help="git ref with the hand-written reduce")
     p.add_argument("--steps", type=int, default=80)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="replica-bench-"))
@@ -99,8 +114,12 @@ def main() -> None:
     try:
         res: dict[str, Any] = {"steps": args.steps, "baseline": args.baseline, "rounds": []}
         for i in range(args.rounds):
-            hand = job(base, work / f"hand-{i}", args.steps)
-            ddp = job(ROOT, work / f"ddp-{i}", args.steps)
+            # Side by side: the box's other load falls on both alike.
+            pair = (
+                start(base, work / f"hand-{i}", args.steps),
+                start(ROOT, work / f"ddp-{i}", args.steps),
+            )
+            hand, ddp = pair[0].run_dir(), pair[1].run_dir()
             hand_ms, ddp_ms = pace_ms(hand), pace_ms(ddp)
             rnd = {
                 "hand_ms": hand_ms,
@@ -108,11 +127,14 @@ def main() -> None:
                 "ratio": ddp_ms / hand_ms,
                 "hand_peak_mb": drafter_peaks_mb(hand),
                 "ddp_peak_mb": drafter_peaks_mb(ddp),
+                "hand_stages": drafter_stages(hand),
+                "ddp_stages": drafter_stages(ddp),
             }
             print(f"round {i}: {json.dumps(rnd)}", flush=True)
             res["rounds"].append(rnd)
-        bf16 = job(ROOT, work / "bf16", args.steps, "--set", "runtime.grad_reduce_dtype=bf16")
-        threads = job(ROOT, work / "threads", args.steps, processes=False)
+        half = start(ROOT, work / "bf16", args.steps, "--set", "runtime.grad_reduce_dtype=bf16")
+        whole = start(ROOT, work / "threads", args.steps, processes=False)
+        bf16, threads = half.run_dir(), whole.run_dir()
         fp32 = losses(ddp)
         res["ratio_median"] = statistics.median(r["ratio"] for r in res["rounds"])
         res["ddp_vs_threads_max_rel"] = max_rel(fp32, losses(threads))
