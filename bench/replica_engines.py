@@ -1,7 +1,7 @@
 """DDP or FSDP2 for processes mode's drafter replicas: step time and memory per rank.
 
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 bench/replica_engines.py \
-        [--shape tiny|wide] [--steps 12] [--out r.json]
+        [--shape tiny|wide] [--steps 12] [--rounds 3] [--out r.json]
 
 Each rank trains its own replica of the drafter (bench/gpu_bench.py's shapes, the loss the
 trainer trains with) on its own synthetic batch, gloo on CPU, under three engines:
@@ -15,7 +15,8 @@ trainer trains with) on its own synthetic batch, gloo on CPU, under three engine
          and AdamW state sharded over the ranks, gathered per layer for forward/backward
 
 Per engine: the median step (forward, backward with the engine's reduce, AdamW step,
-zero_grad) over `--steps` after 2 warm-up steps, and each rank's bytes of trainable
+zero_grad) over `--steps` after 2 warm-up steps, the slowest rank's, its median over
+`--rounds` rounds of the engines in turn, and each rank's bytes of trainable
 parameters + gradients + AdamW state as the tensors it holds say after backward (the
 sharding's saving; the frozen embedding and lm_head are the same for all three and left
 out; FSDP2's transient per-layer gather is not in it). Rank 0 prints the table and writes
@@ -125,24 +126,31 @@ def main() -> None:
     p.add_argument("--shape", choices=["tiny", "wide"], default="wide")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--engines", default="flat,ddp,fsdp2")
+    p.add_argument("--rounds", type=int, default=3, help="each engine's runs, interleaved")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     sh = shapes(args.shape)
     results: dict[str, Any] = {"shape": args.shape, "world": dist.get_world_size()}
-    for engine in args.engines.split(","):
-        mine = run_engine(engine, sh, args.steps)
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        results[engine] = {
-            "step_ms": max(r["step_ms"] for r in every),  # the step waits for the slowest
-            "params_grads_optimizer_mb": max(r["params_grads_optimizer_mb"] for r in every),
-            "last_loss": every[0]["last_loss"],
-        }
+    engines = args.engines.split(",")
+    for _ in range(args.rounds):  # interleaved: the box's load drifts over all of them
+        for engine in engines:
+            mine = run_engine(engine, sh, args.steps)
+            every: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(every, mine)
+            r = results.setdefault(engine, {"rounds_ms": []})
+            r["rounds_ms"].append(max(e["step_ms"] for e in every))  # the slowest rank's
+            r["params_grads_optimizer_mb"] = max(e["params_grads_optimizer_mb"] for e in every)
+            r["last_loss"] = every[0]["last_loss"]
+    for engine in engines:
+        results[engine]["step_ms"] = statistics.median(results[engine]["rounds_ms"])
     if dist.get_rank() == 0:
         base = results.get("flat", {}).get("step_ms")
-        print(f"{args.shape}: {dist.get_world_size()} ranks, gloo, median of {args.steps} steps")
+        print(
+            f"{args.shape}: {dist.get_world_size()} ranks, gloo, median of {args.rounds} "
+            f"rounds of {args.steps} steps each (a round: the median step)"
+        )
         for engine in args.engines.split(","):
             r = results[engine]
             ratio = f" ({r['step_ms'] / base:.2f}x flat)" if base else ""

@@ -96,8 +96,9 @@ class ReplicaSync:
         if self.ddp is None:
             return
         self._tokens = float(tokens)
-        # float64: an exact sum of counts; read by the hook as a tensor (no device sync).
-        total = torch.tensor([float(tokens)], dtype=torch.float64, device=self.job.comm_device)
+        # float64: an exact sum of counts. A fill, not a copy from the host, and read by the
+        # hook as a tensor: on a GPU nothing here waits for the forward's kernels.
+        total = torch.full((1,), float(tokens), dtype=torch.float64, device=self.job.comm_device)
         dist.all_reduce(total, group=self.job.drafters)
         self._total = total.clamp_min(1.0).to(torch.float32).reshape(())
 
