@@ -17,7 +17,7 @@ PCIe box's links); the sum lands back in the fp32 gradients.
 
 With one drafter rank nothing is wrapped and no collective runs: its gradient is the step's.
 
-Why DDP and not FSDP2 (`fully_shard`): bench/README.md ("Drafter replicas").
+Why DDP and not FSDP2 (`fully_shard`): bench/README.md, "Drafter replicas: DDP or FSDP2".
 """
 
 # No `from __future__ import annotations`: DDP checks the comm hook's annotations as objects.
