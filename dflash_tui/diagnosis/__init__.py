@@ -68,6 +68,7 @@ from dflash_tui.diagnosis.pipeline import (
     mostly_padding,
     pipeline_bottleneck,
     stuck_target,
+    thread_straggler,
 )
 from dflash_tui.diagnosis.process import (
     KILLED_UNKNOWN,
@@ -118,6 +119,7 @@ RULES: list[Rule] = [
     not_learning,
     grad_norm_spike,
     output_buffered,
+    thread_straggler,
     stuck_target,
     pipeline_bottleneck,
     role_memory_short,

@@ -31,13 +31,17 @@ from dflash_tui.stages import (
 )
 from dflash_tui.state import Store
 from trainer.contract.heartbeat import (
+    STAGE_CHECKPOINT,
     STAGE_HOST,
+    STAGE_OPTIMIZER,
     STAGE_WAIT_HS,
     STAGE_WAIT_PRE,
+    STAGE_WAIT_REPLICAS,
     WAIT_HS_EMPTY,
     WAIT_HS_FULL,
     WAIT_PRE_EMPTY,
     Heartbeat,
+    ThreadInfo,
 )
 from trainer.contract.phases import (
     TRAINING,
@@ -247,7 +251,8 @@ def _idle_gpus(s: Store, role: str, now: float, cfg: DiagnosisConfig) -> str:
     reads="the heartbeat's queues and target threads (state, time in it, stage times), "
     "metrics.jsonl's queue depths, the GPU samples' utilisation",
     decides="Training, a fresh heartbeat. For each q_pre at least `queue_full_frac` full in "
-    "every sample of the last `queue_window_s`, whose target thread is not waiting on a full "
+    "every sample of the last `queue_window_s` (shared routing: the one q_pre, for each "
+    "target thread), whose target thread is not waiting on a full "
     "q_hs (then the drafters are slow): with a GPU, the GPU's mean utilisation over "
     "`util_window_s` at or below `idle_util_pct` and the thread in one state for "
     "`util_window_s` or more; without one, the thread busy (not waiting) in one state for "
@@ -278,11 +283,17 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
     threads = hb.threads_of("target")
     by_name = {t.name: t for t in threads}
     stuck: list[tuple[int, str]] = []
-    for i in range(len(q.pre_cap)):
-        if not q.every(0, lambda d, c: d >= c * cfg.queue_full_frac, i):
+    feeds: list[tuple[int, int, ThreadInfo | None]]
+    if hb.queues.shared:  # one q_pre feeds every target thread: (queue 0, target i)
+        feeds = [(0, i, th) for i, th in enumerate(threads)]
+    else:  # q_pre[i] feeds thread target-i (trainer/runtime/pipeline.py); else the i-th
+        feeds = [
+            (i, i, by_name.get(f"target-{i}") or (threads[i] if i < len(threads) else None))
+            for i in range(len(q.pre_cap))
+        ]
+    for qi, i, th in feeds:
+        if not q.every(0, lambda d, c: d >= c * cfg.queue_full_frac, qi):
             continue
-        # q_pre[i] feeds thread target-i (trainer/runtime/pipeline.py); else the i-th target thread.
-        th = by_name.get(f"target-{i}") or (threads[i] if i < len(threads) else None)
         if th is not None and th.state == WAIT_HS_FULL:
             continue
         row = thread_stages(hb, th) if th is not None else None
@@ -312,12 +323,13 @@ def stuck_target(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) ->
         return []
     ids = [i for i, _ in stuck]
     who = f"target {ids[0]}" if len(ids) == 1 else "targets " + ", ".join(map(str, ids))
+    full = q.text(0) + " (shared by every target)" if hb.queues.shared else q.text(0, ids)
     return [
         Finding(
             "warning",
             "target_stuck",
             f"{who} idle with a full q_pre",
-            "; ".join(e for _, e in stuck) + f"; {q.text(0, ids)} ({q.span()})",
+            "; ".join(e for _, e in stuck) + f"; {full} ({q.span()})",
             f"dump stacks (d) to see where {stuck[0][1].split()[0]} waits",
         )
     ]
@@ -512,3 +524,112 @@ def mostly_padding(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) 
             action,
         )
     ]
+
+
+# -- threads mode: a straggling target or replica -------------------------------------------
+# A drafter's own work per step: replica 0 also steps the optimizer and copies checkpoints
+# for all of them, which is no sign of a slow replica.
+_SHARED_WORK = (STAGE_OPTIMIZER, STAGE_CHECKPOINT)
+
+
+# Which waits of the other threads a slow thread of a role causes: {straggler's role:
+# {waiting thread's role: its stages}}. A slow target leaves the drafters without features
+# (and, fixed, the other replicas at the barrier) and the other targets' q_hs full behind
+# replicas held at the barrier; a slow drafter holds the others at the barrier and the
+# targets at a full q_hs. A drafter waiting on q_hs is no sign of a slow drafter.
+_CAUSED: dict[str, dict[str, tuple[str, ...]]] = {
+    "target": {"drafter": (STAGE_WAIT_HS, STAGE_WAIT_REPLICAS), "target": (STAGE_WAIT_HS,)},
+    "drafter": {"drafter": (STAGE_WAIT_REPLICAS,), "target": (STAGE_WAIT_HS,)},
+}
+
+
+def _compute_ms(row: ThreadStages) -> float:
+    return sum(st.ms for st in row.stages if not st.wait and st.name not in _SHARED_WORK)
+
+
+def _waits_on(row: ThreadStages, slow_role: str) -> float:
+    """The share of `row`'s loop spent in the waits a slow `slow_role` thread causes."""
+    stages = _CAUSED[slow_role].get(row.role, ())
+    return sum(row.ms(st) for st in stages) / row.period_ms if row.period_ms > 0 else 0.0
+
+
+@rule(
+    Code(
+        "thread_straggler",
+        ("warning",),
+        "threads mode: one target or drafter thread computes slower than its peers and the "
+        "others wait",
+    ),
+    reads="the heartbeat's per-thread stage times (ThreadInfo.stages_ms) and queues' routing",
+    decides="While the pipeline trains (a fresh training heartbeat, a step within `stall_s`, "
+    "nothing compiling), at least `rank_min_steps` steps in, every target and drafter thread "
+    "timed and none in one state for much longer than its loop. A target or drafter thread "
+    "whose compute per loop (its stages other than waits; a drafter's without the optimizer "
+    "and checkpoint, replica 0's share of the step) is at least `straggler_factor` × the "
+    "median of its same-role peers' and `straggler_min_ms` above it, while at least half of "
+    "the other target and drafter threads spend `rank_wait_frac` or more of their loop in "
+    "the waits it causes (a slow target: drafters on q_hs or at the step's barrier, targets "
+    "on a full q_hs; a slow drafter: drafters at the barrier, targets on a full q_hs).",
+    thresholds=(
+        "stale_factor",
+        "stall_s",
+        "rank_min_steps",
+        "straggler_factor",
+        "straggler_min_ms",
+        "rank_wait_frac",
+    ),
+    action='fixed routing: runtime.routing = "shared" lets the other threads take its '
+    "batches. Either way, check that thread's device (its clocks, other processes on it).",
+)
+def thread_straggler(s: Store, now: float, cfg: DiagnosisConfig = DEFAULT_CONFIG) -> list[Finding]:
+    """threads mode: one target (or drafter replica) thread takes well longer per batch than
+    its same-role peers while the others wait, as `rank_straggler` says of a processes-mode
+    rank. Under fixed routing every replica waits for its batches in turn; under shared
+    the others take its share, and what is left is its own slowness."""
+    hb = live_heartbeat(s, now, cfg, TRAINING) if possible(s, now, cfg).tune else None
+    if hb is None or hb.step < cfg.rank_min_steps:
+        return []
+    rows = [r for r in of_heartbeat(hb) if r.role in ("target", "drafter")]
+    if not rows or any(r.stale() for r in rows):
+        return []
+    found = []
+    for row in rows:
+        peers = [p for p in of_role(rows, row.role) if p is not row]
+        if not peers:
+            continue
+        peers_ms = statistics.median(_compute_ms(p) for p in peers)
+        mine = _compute_ms(row)
+        if mine < cfg.straggler_factor * peers_ms or mine - peers_ms < cfg.straggler_min_ms:
+            continue
+        others = [o for o in rows if o is not row]
+        waiting = sorted(
+            (o for o in others if _waits_on(o, row.role) >= cfg.rank_wait_frac),
+            key=lambda o: -_waits_on(o, row.role),
+        )
+        if 2 * len(waiting) < len(others):
+            continue
+        whose = (
+            f"the median of its {len(peers)} {row.role} peers'"
+            if len(peers) > 1
+            else (f"its {row.role} peer's")
+        )
+        waits = ", ".join(f"{o.name} {_waits_on(o, row.role):.0%}" for o in waiting[:4])
+        routing = "shared" if hb.queues.shared else "fixed"
+        fix = (
+            'runtime.routing = "shared" lets the other threads take its batches; '
+            if routing == "fixed"
+            else ""
+        )
+        factor = mine / peers_ms if peers_ms > 0 else float("inf")
+        found.append(
+            Finding(
+                "warning",
+                "thread_straggler",
+                f"{row.name} is a straggler on {row.device}",
+                f"{ms_text(mine)} of compute per {row.loop} vs {ms_text(peers_ms)}, {whose} "
+                f"({factor:.1f}x); the others wait: {waits}"
+                f"{', …' if len(waiting) > 4 else ''} of their loops; routing {routing}",
+                f"{fix}check {row.device} (its clocks and throttling, other processes on it)",
+            )
+        )
+    return found

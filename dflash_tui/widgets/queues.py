@@ -1,6 +1,7 @@
-"""Queue gauges: each q_pre (one per target) and q_hs (one per drafter) against capacity,
-the bars in the theme's colours: error when empty (the consumer starves), warning when
-full (the producer waits), success between."""
+"""Queue gauges: the queues the run has, against capacity: under fixed routing each q_pre
+(one per target) and q_hs (one per drafter); under shared one of each, which every target
+or drafter takes from. The bars in the theme's colours: error when empty (the consumer
+starves), warning when full (the producer waits), success between."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class QueuePane(Static):
         t.add_column(width=9)
         t.add_column(width=20)
         t.add_column()
+        shared = queues is not None and queues.shared
         for name, depths in (("q_pre", queues.q_pre), ("q_hs", queues.q_hs)) if queues else ():
             for i, q in enumerate(depths):
                 depth, cap = q.depth, max(1, q.capacity)
@@ -32,7 +34,11 @@ class QueuePane(Static):
                 role = "error" if frac == 0 else "warning" if frac >= 1 else "success"
                 colour = palette.hex_of(self.app, role)
                 shown = f"{count(depth)}/{count(cap)}"
-                t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), shown)
+                if shared:  # one queue of each, fed to every target / drafter
+                    feeds = "all targets" if name == "q_pre" else "all drafters"
+                    t.add_row(name, Text(bar(frac, 20), style=colour), f"{shown}  {feeds}")
+                else:
+                    t.add_row(f"{name}[{i}]", Text(bar(frac, 20), style=colour), shown)
         if not t.rows:
             quiet.update(self, Text("no queues yet", style="dim"))
         else:

@@ -225,6 +225,26 @@ SCENARIOS = [
         [Run(fault="slow:drafter:90", until=lambda s: _threads_in(s, "target", WAIT_HS_FULL, 32))],
     ),
     Scenario(
+        "thread_straggler",
+        "Target thread 1's forward takes 1.5 s longer (DFLASH_FAULT=slow:target-1:1.5) under "
+        "fixed routing: drafter-1 waits on q_hs for target-1's batches, drafter-0 at the "
+        "step's barrier for drafter-1, target-0 on its full q_hs; recorded at step 20.",
+        [Run(fault="slow:target-1:1.5", until=_step(20))],
+    ),
+    Scenario(
+        "shared_routing",
+        "The same slowed target 1 (DFLASH_FAULT=slow:target-1:1.5) under runtime.routing = "
+        '"shared": one q_pre and one q_hs, target-0 takes the batches target-1 cannot, the '
+        "drafters keep working; recorded at step 20.",
+        [
+            Run(
+                fault="slow:target-1:1.5",
+                overrides=["runtime.routing=shared"],
+                until=_step(20),
+            )
+        ],
+    ),
+    Scenario(
         "one_replica_hung",
         "One drafter replica (drafter-1) hangs inside its forward at its 31st batch "
         "(DFLASH_FAULT=hang:drafter-1:30); the other waits for it at the step's barrier, "

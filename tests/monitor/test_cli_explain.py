@@ -25,7 +25,7 @@ def test_explain_alone_lists_every_code_with_its_summary() -> None:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert [ln.split()[0] for ln in lines] == list(docs.codes())
-    assert len(lines) == 52
+    assert len(lines) == 53
     slow_link = next(ln for ln in lines if ln.startswith("slow_link "))
     assert slow_link.split(None, 2)[1:] == [
         "warning",

@@ -264,3 +264,17 @@ def test_slow_compile_evidence_says_the_graphs() -> None:
         "; graphs 3/6: graph 4: backward of 1/0, bucket 256 on cpu, 5s; last time 0.9s with a "
         "warm cache"
     ), f.evidence
+
+
+def test_a_stuck_target_under_shared_routing_is_held_against_the_one_q_pre() -> None:
+    """runtime.routing = "shared" (a real run's heartbeat, one q_pre for both targets): a
+    full q_pre with target-1 in 'forward' for 101 s (its loop 3.3 s: 30 of them) names
+    target-1, and the queue as the one every target takes from; target-0 working is not."""
+    found = run(
+        "recorded/shared_routing.jsonl", queues(q_pre=[16]), thread("target-1", "forward", 101)
+    )
+    f = only(found, "target_stuck")
+    assert f.title == "target 1 idle with a full q_pre"
+    assert f.evidence.startswith("target-1 'forward' for 1m41s, its loop 3.3 s (forward 3.2 s)")
+    assert "q_pre 16/16 (shared by every target)" in f.evidence
+    assert "target_stuck" not in codes(run("recorded/shared_routing.jsonl", queues(q_pre=[16])))

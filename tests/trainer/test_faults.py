@@ -46,7 +46,8 @@ def test_a_fault_for_one_rank_is_that_rank_s_only(monkeypatch):
     "spec",
     [
         "gpu:3", "target:x", "slow:target:-1", "slow:target:inf", "hang:main:1", "nan",
-        "buffer_log:x", "hang:drafter-x:1", "hang:gpu-1:1",
+        "buffer_log:x", "hang:drafter-x:1", "hang:gpu-1:1", "slow:target-x:1",
+        "slow:link-1:1",
         "slow_from:5:main:1", "slow_from:x:drafter:1", "slow_from:5:drafter:-1",
         "slow_from:5:drafter", "slow_from:2.5:drafter:1", "slow_from:5:load_target:1",
     ],
@@ -69,6 +70,20 @@ def test_slow_from_slows_a_role_once_the_optimizer_passed_its_step():
     assert took("drafter") < 0.1  # steps 1 and 2: as fast as before
     plan.after_step(3)
     assert took("drafter") >= 0.3 and took("target") < 0.1  # only the role named
+
+
+def test_slow_of_one_thread_slows_that_thread_only():
+    """slow:target-1:S: one straggling target (bench/routing_bench.py), its peers as fast."""
+    plan = FaultPlan("slow:target-1:0.3")
+    assert plan.slow == {"target-1": 0.3}
+
+    def took(role: str, index: int) -> float:
+        t0 = time.monotonic()
+        plan.check(role, 0, index)
+        return time.monotonic() - t0
+
+    assert took("target", 1) >= 0.3
+    assert took("target", 0) < 0.1 and took("drafter", 1) < 0.1
 
 
 def test_the_training_health_faults():

@@ -58,6 +58,14 @@ class TrainPosition:
     # again. Always 0 under "fixed" (batches train in order).
     ahead: int = 0
 
+    def to_dict(self) -> dict[str, int]:
+        """As a checkpoint stores it: `ahead` only when there are such batches, so a fixed
+        run's checkpoint is the one an older trainer (without the field) reads."""
+        d = dict(self.__dict__)
+        if not d["ahead"]:
+            del d["ahead"]
+        return d
+
     def retrain_note(self) -> str:
         """What a resume from here says of the batches it trains again ("" for none)."""
         if not self.ahead:
@@ -241,7 +249,7 @@ def write_checkpoint(
         raise CheckpointFailed(position.step, _why_failed(OSError(), needed, free))
     payload = {
         "format": 1,
-        "position": position.__dict__,
+        "position": position.to_dict(),
         "model": model_state,
         "optimizer": optimizer_state,
         "arch": arch,

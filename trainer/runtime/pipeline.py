@@ -18,13 +18,15 @@ barrier between steps, and gradients averaged weighted by each batch's real toke
   takes the next built batch, an idle replica the next forwarded one, so a slow target or
   replica holds no batch hostage. Step s trains whichever D batches the replicas took. The
   data position is the lowest batch index not yet trained (`TrainPosition.batches`); the
-  batches trained beyond it (`ahead`: at most those in flight) are trained again by a
-  resume, which says how many. It cannot deadlock either: prefetch builds every batch of
-  the run and blocks only on a full q_pre, which the targets drain; a target claims a batch
-  only while some are still to come (`_claim`), and blocks only on a full q_hs, which the
-  replicas drain; a replica waits on an empty q_hs only while a batch is still due to it
-  (batches built = batches trained = steps × D), and that batch is upstream, in a thread
-  that is not waiting on the replicas. A replica at the step barrier holds no queue room.
+  batches trained beyond it (`ahead`: those trained while an older one was still in flight,
+  usually a few; a target hung on a batch makes it grow) are trained again by a resume,
+  which says how many. It cannot deadlock either: prefetch builds every batch of the run
+  and blocks only on a full q_pre, which the targets drain; a target claims a batch only
+  while some are still to come (`_next_for_target`), so every claim is met by a batch
+  prefetch will build, and it blocks only on a full q_hs, which the replicas drain; a
+  replica waits on an empty q_hs only while a batch is still due to it (batches built =
+  batches trained = steps × D), and that batch is upstream, in a thread that is not
+  waiting on the replicas. A replica at the step barrier holds no queue room.
 
 Any exception in any thread sets `abort`: every queue wait and the step barrier give up
 within ~0.1 s, the traceback goes into the run state (and the heartbeat), and the main
@@ -134,7 +136,8 @@ class Pipeline:
             queue.Queue(maxsize=pre_room) for _ in range(n_pre)
         ]
         self.q_hs: list[list[queue.Queue[FeatureItem]]] = [
-            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)] for _ in range(self.T)
+            [queue.Queue(maxsize=rt.q_hs_size) for _ in range(self.D)]
+            for _ in range(0 if self.shared else self.T)
         ]
         self.q_hs_shared: queue.Queue[FeatureItem] = queue.Queue(
             maxsize=rt.q_hs_size * self.T * self.D
@@ -149,7 +152,7 @@ class Pipeline:
         self.g_end = self.g0 + (run.total_steps - self.s0) * self.D
         self._to_claim = self.g_end - self.g0  # shared: batches no target has taken yet
         self._claim_lock = threading.Lock()
-        self.out_g = [0] * self.D  # the batch each replica trained this step
+        self.out_g: dict[int, int] = {}  # replica -> the batch it trained this step
         self._trained_ahead: set[int] = set()  # shared: trained batches above the position
         self.abort = threading.Event()  # a thread failed
         self.shutdown = threading.Event()  # the drafters are done: everyone leaves
@@ -471,7 +474,7 @@ class Pipeline:
         p = self.position
         p.step, p.tokens = s + 1, p.tokens + tokens
         if self.shared:
-            self._advance_position(self.out_g)
+            self._advance_position(list(self.out_g.values()))
         else:
             p.batches += self.D
         self._slots += slots
