@@ -102,7 +102,6 @@ class _RankPipeline(Pipeline):
         ]
         self.outs = [None] * self.D
         self.out_tokens, self.out_slots = [0] * self.D, [0] * self.D
-        self.out_g = [0] * self.D
         self.barrier = threading.Barrier(1)
         # The rank's progress for heartbeat-rank{R}.json: a drafter's step, a target's last
         # batch's step.
