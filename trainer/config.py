@@ -156,6 +156,10 @@ class RuntimeConfig:
     # started by torchrun (`python -m torch.distributed.run --nproc-per-node T+D -m trainer
     # ...`): ranks 0..T-1 are the targets, T..T+D-1 the drafters (trainer/distributed/layout.py).
     mode: str = "threads"
+    # processes mode: the dtype the drafter ranks' gradients cross the wire in (DDP's
+    # buckets, trainer/distributed/replica_sync.py); "bf16" halves the bytes of every step's
+    # all-reduce (a PCIe box's link), the sum landing back in the fp32 gradients.
+    grad_reduce_dtype: str = "fp32"
     # processes mode: how long any collective or feature transfer may wait before the rank
     # gives up (init_process_group's timeout), so no rank blocks forever on a lost peer.
     collective_timeout_s: float = 600.0
@@ -220,6 +224,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "data.format": ("auto", "sharegpt", "text", "tokens"),
     "train.loss_impl": ("fused", "checkpoint"),
     "train.attention": ("auto", "flex", "sdpa"),
+    "runtime.grad_reduce_dtype": ("fp32", "bf16"),
     "runtime.wandb_mode": ("offline", "online", "disabled"),
     "runtime.mode": ("threads", "processes"),
     "runtime.routing": ("fixed", "shared", "node"),
@@ -488,6 +493,12 @@ def validate(cfg: Config) -> None:
             raise bad_value(key, value, "must not be empty")
     if len(t.betas) != 2:
         raise bad_value("train.betas", t.betas, "expected two numbers")
+    if cfg.runtime.grad_reduce_dtype != "fp32" and cfg.runtime.mode != "processes":
+        rule = (
+            "processes mode only (threads mode's replicas add their gradients on the device "
+            'in fp32); set runtime.grad_reduce_dtype = "fp32"'
+        )
+        raise bad_value("runtime.grad_reduce_dtype", cfg.runtime.grad_reduce_dtype, rule)
     if d.head_dim % 2:
         raise bad_value("drafter.head_dim", d.head_dim, "must be even (RoPE rotates pairs)")
     if cfg.eval.every and not cfg.data.held_out:

@@ -9,13 +9,15 @@ roles change:
   target rank t:   prefetch thread -> q_pre -> target thread -> isend to drafter rank T + r
                    (at most q_hs_size sends in flight per drafter: trainer/distributed/transfer.py)
   drafter rank r:  receiver thread (recv from target rank t, build the mask) -> q_hs ->
-                   drafter thread: forward, backward, all_reduce of the gradients over the
-                   drafter ranks' group, then its own optimizer step (the same on every
-                   drafter rank: same init, same averaged gradients, same optimizer)
+                   drafter thread: forward through DDP, the step's token sum all-reduced,
+                   backward (DDP all-reduces the token-weighted gradients in buckets as
+                   they are made: trainer/distributed/replica_sync.py), then its own
+                   optimizer step (the same on every drafter rank: same init, same averaged
+                   gradients, same optimizer)
 
 The loss, the metrics sums, the token counts, a stop request and the queue depths each rank
-knows are all-reduced with the gradients, so every drafter rank logs the job's numbers and
-they all stop at the same step.
+knows are all-reduced after backward, so every drafter rank logs the job's numbers and they
+all stop at the same step. With one drafter rank no collective runs at all.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from trainer.contract.heartbeat import (
     STAGE_FORWARD,
@@ -47,6 +48,7 @@ from trainer.contract.phases import TRAINING
 from trainer.distributed.blame import is_peer_loss
 from trainer.distributed.layout import Job, RankLayout
 from trainer.distributed.routing import crosses_nodes, route
+from trainer.distributed.replica_sync import ReplicaSync
 from trainer.distributed.transfer import FeatureSender, receive
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import STAT_NAMES, LossOutput
@@ -230,8 +232,7 @@ class DrafterRankPipeline(_RankPipeline):
         self._q_hs_known = [0] * self.D
         self._stop_agreed = False
         self._received = 0  # batches this rank has taken in from the targets
-        model = self.run.replicas.models[0]
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        self.sync = ReplicaSync(self.run.replicas.models[0], self.layout, self.job, self.cfg)
 
     def _receive(self) -> None:
         dev = self.run.drafter_devices[0]
@@ -259,38 +260,33 @@ class DrafterRankPipeline(_RankPipeline):
                 self._put(self.q_hs[t][r], item, WAIT_HS_FULL)
         self.state.thread_state("done")
 
+    def _loss(
+        self, model: DFlashDrafter, item: FeatureItem, noise: float, gen: torch.Generator | None
+    ) -> LossOutput:
+        """Through DDP (replica_sync.py), whose backward reduces the gradients in buckets."""
+        out: LossOutput = self.sync.forward_loss(
+            item.blocks, item.features, self.run.settings, noise, gen
+        )
+        return out
+
+    def _before_backward(self, tokens: int, clock: StageClock) -> None:
+        # The step's token sum: the first collective of the step, so it is where a rank
+        # waits for a slower replica's forward, timed as a wait (not as its own backward).
+        with clock.wait(STAGE_WAIT_REPLICAS):
+            self.sync.before_backward(tokens)
+
     def _end_of_step(self, r: int, s: int, clock: StageClock) -> None:
         self.own_rate.count(self.out_tokens[r])  # its own batch, before the sums replace it
-        # The all-reduce waits for the slowest replica: timed as the step's barrier (a wait),
-        # not as this rank's optimizer work, so a straggler's peers do not look slow too.
+        # The gradients are averaged already (DDP, during backward); the step's numbers
+        # wait for the slowest replica too: timed as the step's barrier (a wait), not as
+        # this rank's optimizer work, so a straggler's peers do not look slow too.
         with clock.wait(STAGE_WAIT_REPLICAS):
-            self._reduce_over_drafters()
+            self._share_step_numbers()
         self._optimizer_step(s, clock)
         self.rank_step = s + 1
 
     def _average_grads(self) -> None:
-        """Done before the optimizer step, under the barrier's wait (_end_of_step)."""
-
-    def _reduce_over_drafters(self) -> None:
-        """The token-weighted mean gradient over the drafter ranks, Σ tokens_r ∇L_r /
-        Σ tokens_r (one all_reduce of them all, flat, scaled by this rank's real tokens;
-        the token sum all-reduced beside it), as threads mode's `average_grads`; and the
-        step's numbers every drafter rank logs alike."""
-        grads = [p.grad for p in self._params]
-        if any(g is None for g in grads):
-            raise RuntimeError("this drafter rank has no gradient: did its backward run?")
-        dense: list[Tensor] = [g for g in grads if g is not None]
-        flat = torch._utils._flatten_dense_tensors(dense)
-        if self.D > 1:  # one replica: its own gradient, untouched (as threads mode's)
-            mine = float(self.out_tokens[self.r])
-            flat *= mine
-            dist.all_reduce(flat, group=self.job.drafters)
-            total = torch.tensor([mine], dtype=torch.float64, device=self.job.comm_device)
-            dist.all_reduce(total, group=self.job.drafters)
-            flat /= max(1.0, float(total.item()))
-        unflat = torch._utils._unflatten_dense_tensors(flat, dense)
-        torch._foreach_copy_(dense, list(unflat))
-        self._share_step_numbers()
+        """Done by DDP during backward (replica_sync.py), weighted by tokens."""
 
     def _share_step_numbers(self) -> None:
         r, out = self.r, self.outs[self.r]
@@ -307,10 +303,11 @@ class DrafterRankPipeline(_RankPipeline):
         depths = torch.zeros(self.T + self.D, dtype=torch.int64, device=dev)
         depths[: self.T] = torch.tensor(self._q_pre_seen, dtype=torch.int64)
         depths[self.T + r] = self.q_hs_depth()
-        comm = self.job.comm_device
-        sums, depths = sums.to(comm), depths.to(comm)
-        dist.all_reduce(sums, group=self.job.drafters)
-        dist.all_reduce(depths, op=dist.ReduceOp.MAX, group=self.job.drafters)
+        if self.D > 1:  # one drafter rank: its own numbers are the job's, no collective
+            comm = self.job.comm_device
+            sums, depths = sums.to(comm), depths.to(comm)
+            dist.all_reduce(sums, group=self.job.drafters)
+            dist.all_reduce(depths, op=dist.ReduceOp.MAX, group=self.job.drafters)
         sums, depths = sums.to(dev), depths.cpu()
         loss = (sums[0] / self.D).to(out.loss.dtype)
         stats = sums[1 : 1 + n_stats].to(out.stats.dtype)

@@ -267,12 +267,14 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     import torch._dynamo
     import torch.distributed.fsdp  # noqa: F401
 
+    from trainer.distributed.replica_sync import check_reduce_setting
     from trainer.runtime.run_dir import prepare_run_dir
 
     started = time.time()
     try:
         layout = layout_from_env(cfg)
         check_routing(layout)  # before the rendezvous: no rank waits for a refused job
+        check_reduce_setting(cfg, layout)
     except ConfigError as e:
         rank = os.environ.get("RANK", "0")
         if rank in ("", "0"):  # one line for the job, not one per rank

@@ -384,9 +384,10 @@ class Pipeline:
                 gen = torch.Generator(dev).manual_seed(batch_seed(cfg.train.seed + 1, 0, g))
             with clock.work(STAGE_FORWARD), autocast_for(dev):
                 self.faults.check("drafter", n, r)  # inside: a slowed drafter's forward is slow
-                out = drafter_loss(model, item.blocks, item.features, run.settings, noise, gen)
+                out = self._loss(model, item, noise, gen)
             if self.faults.poison_loss(s):  # DFLASH_FAULT=nan:N, as a diverged run does
                 out.loss = out.loss * float("nan")
+            self._before_backward(item.blocks.tokens, clock)
             self.state.thread_state("backward")
             with clock.work(STAGE_BACKWARD):
                 # DFLASH_FAULT=grad_spike: the gradients of this step scaled, the logged
@@ -420,6 +421,16 @@ class Pipeline:
     def _replica(self, r: int) -> tuple[torch.device, DFlashDrafter]:
         """Replica r's device and model (processes mode: this rank's one replica)."""
         return self.run.drafter_devices[r], self.run.replicas.models[r]
+
+    def _loss(
+        self, model: DFlashDrafter, item: FeatureItem, noise: float, gen: torch.Generator | None
+    ) -> LossOutput:
+        """The drafter's forward and loss on one batch (processes mode: through DDP)."""
+        return drafter_loss(model, item.blocks, item.features, self.run.settings, noise, gen)
+
+    def _before_backward(self, tokens: int, clock: StageClock) -> None:
+        """Nothing here: the replicas meet at the step's barrier (processes mode: the drafter
+        ranks' token sum, which the gradients' reduce divides by)."""
 
     def _end_of_step(self, r: int, s: int, clock: StageClock) -> None:
         """Every replica's backward is done: replica 0 steps while the others wait."""
