@@ -47,8 +47,8 @@ from trainer.contract.heartbeat import (
 from trainer.contract.phases import TRAINING
 from trainer.distributed.blame import is_peer_loss
 from trainer.distributed.layout import Job, RankLayout
-from trainer.distributed.routing import crosses_nodes, route
 from trainer.distributed.replica_sync import ReplicaSync
+from trainer.distributed.routing import crosses_nodes, route
 from trainer.distributed.transfer import FeatureSender, receive
 from trainer.model.drafter import DFlashDrafter
 from trainer.model.loss import STAT_NAMES, LossOutput
