@@ -159,6 +159,14 @@ class OnlineEval:
         event.record()  # on this (training) thread's current stream, after the copies
         return event
 
+    def wait_idle(self) -> bool:
+        """Block until no eval runs (or its thread has ended); True while it can take one.
+        Processes mode's eval rank (trainer/distributed/eval_rank.py) answers the writer then."""
+        with self._lock:
+            while self._busy and self._thread.is_alive():
+                self._idle.wait(0.1)
+            return self._thread.is_alive() and not self._busy
+
     def take_result(self) -> EvalResult | None:
         """The result finished since the last call (the metrics row carries it)."""
         with self._lock:
