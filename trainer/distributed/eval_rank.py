@@ -184,6 +184,8 @@ class RemoteEval:
 
     # -- on the drafter thread -----------------------------------------------------------
     def start(self) -> None:
+        with self._lock:
+            self._publish_locked()  # set up, as threads mode says it before its first eval
         self._thread.start()
 
     def due(self, step: int, last: bool) -> bool:
