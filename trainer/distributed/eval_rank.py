@@ -63,7 +63,7 @@ from torch import Tensor
 from trainer.config import Config, bad_value, one_line
 from trainer.contract.evaluation import EvalInfo, EvalResult
 from trainer.distributed.layout import Job, RankLayout
-from trainer.evaluation.online import ROLE, OnlineEval
+from trainer.evaluation.online import ROLE, EvalHandoff, OnlineEval
 from trainer.model.drafter import DFlashDrafter
 from trainer.targets.answers import prompt_of
 
@@ -153,22 +153,20 @@ def trainable(model: DFlashDrafter) -> list[Tensor]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-class RemoteEval:
+class RemoteEval(EvalHandoff):
     """The writer's end: threads mode's OnlineEval interface (start, due, offer,
-    take_result, close) over the link, so the drafter pipeline calls it unchanged."""
+    take_result, close) over the link, so the drafter pipeline calls it unchanged; `close`
+    lets an eval under way answer (at most `timeout` s), then ends the eval rank's loop."""
 
     def __init__(self, link: EvalLink, setup: Any, state: Any, log: Callable[[str], None]) -> None:
         cfg = setup.cfg.eval
         self.link, self.state, self.log = link, state, log
         self.every, self.final = cfg.every, cfg.final
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        super().__init__(self._run, "eval-link")
         self._busy = True  # until the eval rank says it is built
         self._off = False  # the eval rank cannot evaluate (said in info.error) or is lost
-        self._closed = False
         self._job: tuple[int, float | None] | None = None
         self._ready: Any = None  # torch.cuda.Event | None: the buffer's copy has finished
-        self._result: EvalResult | None = None
         self._buffer: Tensor | None = None
         # What the writer knows before the eval rank answers (the same as threads mode's).
         prompts = [p for p in (prompt_of(s, cfg.prompt_len) for s in setup.held_out) if p]
@@ -180,7 +178,6 @@ class RemoteEval:
             device=f"rank {link.evaluator}",
             tree_nodes=cfg.tree_nodes,
         )
-        self._thread = threading.Thread(target=self._run, name="eval-link", daemon=True)
 
     # -- on the drafter thread -----------------------------------------------------------
     def start(self) -> None:
@@ -214,33 +211,27 @@ class RemoteEval:
 
     @torch.no_grad()
     def _snapshot(self, primary: DFlashDrafter, buffer: Tensor) -> Any:
-        """The weights into the send buffer (cast to the eval's dtype, as threads mode's copy
-        into its eval drafter casts): the optimizer may change them while the send runs."""
+        """The weights into the send buffer, each into its slice (no second flat copy),
+        cast to the eval's dtype as threads mode's copy into its eval drafter casts: the
+        optimizer may change them while the send runs."""
         params = trainable(primary)
-        flat = torch.cat([p.detach().reshape(-1).to(buffer.dtype) for p in params])
-        if flat.numel() != buffer.numel():
+        total = sum(p.numel() for p in params)
+        if total != buffer.numel():
             raise RuntimeError(
-                f"eval: the drafter has {flat.numel()} trainable weights, the eval rank "
-                f"expects {buffer.numel()}"
+                f"eval: the drafter has {total} trainable weights, the eval rank expects "
+                f"{buffer.numel()}"
             )
-        buffer.copy_(flat, non_blocking=True)
-        if buffer.device.type != "cuda" and flat.device.type != "cuda":
+        on_gpu = buffer.device.type == "cuda"  # else a host buffer: each copy completes
+        offset = 0
+        for p in params:
+            n = p.numel()
+            buffer[offset : offset + n].view_as(p).copy_(p, non_blocking=on_gpu)
+            offset += n
+        if not on_gpu:
             return None
         event = torch.cuda.Event()
-        event.record()  # on the drafter thread's stream, after the copy
+        event.record()  # on the drafter thread's stream, after the copies
         return event
-
-    def take_result(self) -> EvalResult | None:
-        with self._lock:
-            out, self._result = self._result, None
-            return out
-
-    def close(self, timeout: float) -> None:
-        """Let an eval under way finish (at most `timeout` s), then end the eval rank's loop."""
-        with self._lock:
-            self._closed = True
-            self._idle.notify_all()
-        self._thread.join(timeout)
 
     # -- on the link thread --------------------------------------------------------------
     def _run(self) -> None:
@@ -272,6 +263,8 @@ class RemoteEval:
                     if event is not None:
                         torch.cuda.current_stream().wait_event(event)
                     dist.send(self._buffer, dst=src, group=link.data)
+                    if self._buffer.device.type == "cuda":  # sent before the next copy into it
+                        torch.cuda.current_stream().synchronize()
                 answer: _Answer = link.recv(src)
                 with self._lock:
                     self.info = self._merged(answer.info)
@@ -355,7 +348,7 @@ class EvalRank:
         job_dir: Path,
         stop: threading.Event,
     ) -> None:
-        self.link, self.setup = link, setup
+        self.link, self.setup, self.log = link, setup, log
         self._lines: list[str] = []
         self._lines_lock = threading.Lock()
 
@@ -418,7 +411,7 @@ class EvalRank:
                 link.send(self._answer(alive), writer)
                 if not alive:
                     return
-        except Exception as e:  # the writer is lost (the job is ending): say it here only
-            self.relay.state.thread_state(f"eval link lost: {one_line(str(e))}")
+        except Exception as e:  # the writer is lost (the job is ending): said here only
+            self.log(f"eval: the link to the writer is lost: {one_line(str(e))}")
         finally:
             ev.close(timeout=5.0)
