@@ -142,6 +142,44 @@ def test_status_reads_a_processes_jobs_tau_as_a_threads_runs(both_modes):
     assert f" | τ {eval_record(job, 60)['tau']:.2f}↑ | " in line, line
 
 
+@pytest.mark.timeout(900)  # both_modes, when this test is the first to ask for it
+def test_the_tui_shows_a_processes_jobs_tau(both_modes, tmp_path, monkeypatch):
+    """The TUI on the job's run root through the real agent: the heartbeat pane's held-out
+    row, as dflash_tui/evaluation.py fits it, from the writer's heartbeat."""
+    import asyncio
+
+    from dflash_tui import evaluation
+    from dflash_tui.app import DFlashApp
+    from dflash_tui.targets import resolve_target
+    from dflash_tui.widgets.heartbeat import HeartbeatPane
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    job, _ = both_modes
+    hb = read_heartbeat(job / "heartbeat.json")
+    assert isinstance(hb, Heartbeat) and hb.eval is not None
+    tau = evaluation.summary(hb.eval)
+    assert tau is not None and tau.latest is not None
+    target = resolve_target("local", run_root=str(job.parent), python=sys.executable)
+
+    async def held_out_row() -> str:
+        app = DFlashApp(target, theme_name="dark")
+        async with app.run_test(size=(220, 50)) as pilot:
+            for _ in range(300):
+                await pilot.pause(0.1)
+                pane = app.query_one(HeartbeatPane)
+                lines = [
+                    "".join(s.text for s in strip)
+                    for strip in pane.render_lines(pane.region.reset_offset)
+                ]
+                if rows := [ln.strip() for ln in lines if "held-out" in ln]:
+                    return rows[0]
+        raise AssertionError("no held-out row")
+
+    row = asyncio.run(held_out_row())
+    assert row in {f"held-out     {form}" for form in tau.forms()}, row
+    assert f"τ {eval_record(job, 60)['tau']:.2f}" in row
+
+
 def test_an_eval_the_layout_cannot_run_is_one_line_exit_2_before_any_rendezvous(tmp_path):
     """Processes mode decodes on target 0's rank: CUDA graphs asked for there on a CPU
     is refused by rank 0 for the job (the others only exit 2), before torch.distributed
