@@ -36,7 +36,8 @@ CHAT = (
 )  # fmt: skip
 EVAL = (
     "--set", "data.held_out=16", "--set", "eval.every=30", "--set", "eval.prompts=3",
-    "--set", "eval.new_tokens=24", "--set", "train.checkpoint_every=30", "--max-steps", "60",
+    "--set", "eval.new_tokens=24", "--set", "eval.tree_nodes=16",
+    "--set", "train.checkpoint_every=30", "--max-steps", "60",
 )  # fmt: skip
 STEPS = (30, 60)
 UTF8 = {"PYTHONIOENCODING": "utf-8"}
@@ -81,6 +82,9 @@ def test_processes_mode_measures_threads_modes_tau_step_for_step(both_modes):
         for key in ("tau", "per_position", "verify_steps", "tokens", "prompts", "device"):
             assert got[key] == want[key], (step, key, got[key], want[key])
         assert got["during_training"] and got["run_id"] == job.name
+        # DDTree beside the chain, on the same rank and prompts: its numbers too.
+        for key in ("tau", "per_position", "verify_steps", "tokens", "nodes"):
+            assert got["tree"][key] == want["tree"][key], (step, "tree", key)
     # The weights sent were the step's: the drafter learned, so τ rose.
     assert eval_record(job, 60)["tau"] > eval_record(job, 30)["tau"] > 1.0
 
@@ -91,7 +95,10 @@ def test_processes_mode_measures_threads_modes_tau_step_for_step(both_modes):
     assert [(p.step, p.tau) for p in hb.eval.history] == [
         (s, eval_record(job, s)["tau"]) for s in STEPS
     ]
-    assert [(p.step, p.tau) for p in hb.eval.history] == [(p.step, p.tau) for p in ref.eval.history]
+    assert [(p.step, p.tau, p.tree_tau) for p in hb.eval.history] == [
+        (p.step, p.tau, p.tree_tau) for p in ref.eval.history
+    ]
+    assert hb.eval.tree_nodes == 16 and all(p.tree_tau for p in hb.eval.history)
     assert (hb.eval.every, hb.eval.held_out, hb.eval.prompts, hb.eval.new_tokens) == (30, 16, 3, 24)
     assert hb.eval.device == "cpu" and hb.eval.error is None and hb.eval.running_step is None
     assert hb.eval.skipped == 0 and hb.eval.last is not None and hb.eval.last.step == 60
