@@ -155,7 +155,8 @@ def layout_from_env(cfg: Config, env: Mapping[str, str] | None = None) -> RankLa
 def rank_config(cfg: Config, layout: RankLayout) -> Config:
     """The config this rank builds from: its one device as both lists (build_run wants a
     drafter and a target; a target rank's drafter is never trained), wandb on the writer
-    only, and no online eval (not in processes mode yet)."""
+    only, and no online eval (the writer and the eval rank get theirs back:
+    trainer/distributed/eval_rank.py)."""
     mine = copy.deepcopy(cfg)
     device = layout.device
     if device == "auto":  # one GPU per rank, by torchrun's local rank

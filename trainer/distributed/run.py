@@ -10,6 +10,7 @@ own train.log and heartbeat under ranks/rank-{R}/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -21,12 +22,27 @@ from trainer.config import Config, ConfigError, one_line
 from trainer.contract.heartbeat import ErrorInfo, Heartbeat
 from trainer.contract.phases import FINISHED, STOPPED, STOPPING, WARMUP
 from trainer.contract.ranks import RANK_SCHEMA_VERSION, RankHeartbeat, rank_heartbeat_name
+from trainer.distributed.eval_rank import (
+    EvalLink,
+    EvalRank,
+    RemoteEval,
+    check_eval_layout,
+    eval_wanted,
+    rank_eval_config,
+)
 from trainer.distributed.launcher_watch import watch_launcher
 from trainer.distributed.layout import Job, RankLayout, layout_from_env, rank_config, rank_dir
 from trainer.distributed.rank_relay import RankCollector, RankSender, relay_group, senders
 from trainer.distributed.routing import check_routing
 from trainer.fsutil import atomic_write_json
-from trainer.runtime.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, Run, set_threads_for_cpu
+from trainer.runtime.run import (
+    EXIT_BAD_INPUT,
+    EXIT_CRASH,
+    EXIT_OK,
+    FINAL_EVAL_WAIT_S,
+    Run,
+    set_threads_for_cpu,
+)
 
 
 class RankRun(Run):
@@ -182,19 +198,14 @@ class RankRun(Run):
         setup, position, wandb = self._set_up(checkpoint, batches_per_step=lay.drafters)
         faults = self.faults
         self.log.line(f"{lay.name} of {lay.world_size}, {self.job.backend}")
-        asked = self.job_cfg.eval
-        if lay.writer and (asked.every or asked.final):
-            # rank_config turned it off: no rank holds both the drafter and the whole target.
-            self.log.line(
-                f"eval: held-out tau is not measured in processes mode (eval.every = "
-                f"{asked.every}, eval.final = {str(asked.final).lower()} not used); measure "
-                f"a checkpoint with: python -m trainer eval {self.job_dir}"
-            )
+        # Held-out τ: on target 0's rank, the writer's weights sent to it (eval_rank.py).
+        link = EvalLink(self.job, lay) if eval_wanted(self.job_cfg) else None
         if lay.role == "drafter":  # a target rank's drafter is never trained
             warm_up(setup, self.state, self.heartbeat.process.code_sha256)
         setup.finish_loading()
         if lay.role == "target":
             warm_up_targets(setup)  # target.compile: its graphs, before the rank's threads
+        evaluator, eval_here = self._start_eval(link, setup)
         self.state.set_phase(WARMUP)
         self.state.thread_state("waiting for every rank")
         self.job.barrier()  # no rank's transfers wait out another's start-up
@@ -207,7 +218,7 @@ class RankRun(Run):
             self.save,
             wandb.log,
             faults,
-            None,
+            evaluator,
             layout=lay,
             job=self.job,
         )
@@ -225,10 +236,39 @@ class RankRun(Run):
         if stopped and self._a_rank_failed():
             return EXIT_CRASH, wandb
         self.state.set_phase(STOPPING)
+        self._finish_eval(evaluator, eval_here, wandb, pipe.position.step)
         if lay.writer:
             self._final_checkpoint(pipe.position, pipe.recent_loss(), stopped)
         self.state.set_phase(STOPPED if stopped else FINISHED)
         return EXIT_OK, wandb
+
+    def _start_eval(self, link: EvalLink | None, setup: Any) -> tuple[Any, EvalRank | None]:
+        """The writer's end of the eval (the evaluator its pipeline offers each step to),
+        or the eval rank's (decoding beside its target thread); neither on other ranks."""
+        if link is None:
+            return None, None
+        if self.layout.writer:
+            remote = RemoteEval(link, setup, self.state, self.log.line)
+            remote.start()
+            return remote, None
+        if self.layout.rank == link.evaluator:
+            here = EvalRank(link, setup, self.state, self.log.line, self.job_dir, self.stop_request)
+            here.start()
+            return None, here
+        return None, None
+
+    def _finish_eval(self, evaluator: Any, here: EvalRank | None, wandb: Any, step: int) -> None:
+        """The last step's eval: the writer waits for its answer (as threads mode does) and
+        then ends the eval rank's loop; the eval rank stays until then."""
+        if evaluator is not None:
+            self.state.thread_state("waiting for the last step's eval")
+            evaluator.close(timeout=FINAL_EVAL_WAIT_S)
+            final = evaluator.take_result()
+            if final is not None:
+                wandb.log({"eval": dataclasses.asdict(final)}, step)
+        if here is not None:
+            self.state.thread_state("waiting for the writer's last eval")
+            here.join(timeout=FINAL_EVAL_WAIT_S + 60.0)
 
 
 def node_run_dir(
@@ -275,6 +315,7 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
         layout = layout_from_env(cfg)
         check_routing(layout)  # before the rendezvous: no rank waits for a refused job
         check_reduce_setting(cfg, layout)
+        check_eval_layout(cfg)  # an eval this layout cannot run: before any rendezvous
     except ConfigError as e:
         rank = os.environ.get("RANK", "0")
         if rank in ("", "0"):  # one line for the job, not one per rank
@@ -315,6 +356,7 @@ def main_processes(args: argparse.Namespace, cfg: Config, meta: dict[str, Any]) 
     if layout.node_lead:
         print(f"run dir: {run_dir}", flush=True)
     mine = rank_config(cfg, layout)
+    rank_eval_config(mine, cfg, layout)
     set_threads_for_cpu(mine, ranks=layout.per_node)
     # The writer's meta is the job's (config.json's "run"); the others' only their own.
     meta = job_meta if layout.writer else {**meta, "created": started, "rank": layout.rank}

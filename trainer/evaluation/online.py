@@ -63,7 +63,34 @@ class _Job:
     ready: Any  # torch.cuda.Event | None: the weights' copy has finished
 
 
-class OnlineEval:
+class EvalHandoff:
+    """The eval's side of what the training pipeline calls after a step (`offer` is each
+    kind's own): its lock and condition, the finished result for the next metrics row, and
+    the thread that ends at `close`. Threads mode's OnlineEval; processes mode's writer end,
+    trainer/distributed/eval_rank.py's RemoteEval."""
+
+    def __init__(self, run: Callable[[], None], name: str) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._result: EvalResult | None = None  # for the next metrics row
+        self._closed = False
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+
+    def take_result(self) -> EvalResult | None:
+        """The result finished since the last call (the metrics row carries it)."""
+        with self._lock:
+            out, self._result = self._result, None
+            return out
+
+    def close(self, timeout: float) -> None:
+        """Let an eval under way finish (at most `timeout` s), then end the thread."""
+        with self._lock:
+            self._closed = True
+            self._idle.notify_all()
+        self._thread.join(timeout)
+
+
+class OnlineEval(EvalHandoff):
     def __init__(
         self,
         setup: Any,  # RunSetup (after finish_loading)
@@ -93,15 +120,11 @@ class OnlineEval:
             device=str(self.device),
             tree_nodes=self.tree_nodes,
         )
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
+        super().__init__(self._run, "eval-0")
         self._busy = True  # until the thread has built its target and drafter
         self._job: _Job | None = None
-        self._result: EvalResult | None = None  # for the next metrics row
-        self._closed = False
         self._drafter: DFlashDrafter | None = None
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._thread = threading.Thread(target=self._run, name="eval-0", daemon=True)
 
     # -- on the training thread ----------------------------------------------------------
     def start(self) -> None:
@@ -159,18 +182,13 @@ class OnlineEval:
         event.record()  # on this (training) thread's current stream, after the copies
         return event
 
-    def take_result(self) -> EvalResult | None:
-        """The result finished since the last call (the metrics row carries it)."""
+    def wait_idle(self) -> bool:
+        """Block until no eval runs (or its thread has ended); True while it can take one.
+        Processes mode's eval rank (trainer/distributed/eval_rank.py) answers the writer then."""
         with self._lock:
-            out, self._result = self._result, None
-            return out
-
-    def close(self, timeout: float) -> None:
-        """Let an eval under way finish (at most `timeout` s), then end the thread."""
-        with self._lock:
-            self._closed = True
-            self._idle.notify_all()
-        self._thread.join(timeout)
+            while self._busy and self._thread.is_alive():
+                self._idle.wait(0.1)
+            return self._thread.is_alive() and not self._busy
 
     # -- on the eval thread --------------------------------------------------------------
     def _run(self) -> None:
