@@ -33,7 +33,8 @@ QUIET = ("--set", "runtime.wandb_mode=disabled", "--set", "train.log_every=1")
 REL_TOLERANCE = 1e-5
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a job of this checkout runs in (shared with test_replica_sync)."""
     return {**os.environ, "PYTHONPATH": str(ROOT), **(extra or {})}
 
 
@@ -48,7 +49,12 @@ def torchrun(
     cmd += ["--nproc-per-node", str(nproc), "-m", "trainer", "--config", str(TINY)]
     cmd += ["--run-root", str(root / "runs"), *PROCESSES, *QUIET, *args]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=_env(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        cmd,
+        cwd=ROOT,
+        env=job_env(env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -56,7 +62,7 @@ def threads_run(root: Path, *args: str) -> subprocess.Popen[bytes]:
     root.mkdir(parents=True, exist_ok=True)
     out = open(root / "trainer.out", "wb")  # noqa: SIM115
     cmd = [sys.executable, "-m", "trainer", "--config", str(TINY), "--run-root", str(root)]
-    return subprocess.Popen([*cmd, *QUIET, *args], cwd=ROOT, env=_env(), stdout=out, stderr=out)
+    return subprocess.Popen([*cmd, *QUIET, *args], cwd=ROOT, env=job_env(), stdout=out, stderr=out)
 
 
 def session_alive(p: subprocess.Popen[bytes]) -> list[str]:
@@ -204,7 +210,8 @@ def test_a_failed_rank_ends_the_job_within_seconds_and_is_named(
         assert ended - own.now < 10, ended - own.now
 
 
-def _one_trainer_line(stderr: str) -> str:
+def one_trainer_line(stderr: str) -> str:
+    """The trainer's one line of bad input, no traceback (shared with test_replica_sync)."""
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
@@ -219,12 +226,12 @@ def test_processes_mode_without_torchrun_becomes_torchrun_and_says_bad_input_in_
     torchrun; a builtin it cannot build is one line, exit 2, before any rank or run dir."""
     cmd = [sys.executable, "-m", "trainer", "--config", str(TINY), *PROCESSES]
     cmd += ["--set", "target.path=builtin:no-such-target"]
-    env = {k: v for k, v in _env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env = {k: v for k, v in job_env().items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     r = subprocess.run(
         [*cmd, "--run-root", str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT
     )
     assert r.returncode == 2, r.stderr
-    line = _one_trainer_line(r.stderr)
+    line = one_trainer_line(r.stderr)
     assert line.startswith("error: target.path: unknown builtin 'builtin:no-such-target'"), line
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []  # refused before any run dir
 
@@ -234,7 +241,7 @@ def test_a_world_size_that_is_not_the_roles_is_one_line_exit_2(tmp_path):
     rendezvous (so no rank waits for a peer that will never come)."""
     cmd = [sys.executable, "-m", "trainer", "--config", str(TINY), *PROCESSES]
     for rank in ("0", "2"):
-        env = _env({"WORLD_SIZE": "3", "RANK": rank, "LOCAL_RANK": rank})
+        env = job_env({"WORLD_SIZE": "3", "RANK": rank, "LOCAL_RANK": rank})
         r = subprocess.run(
             [*cmd, "--run-root", str(tmp_path)],
             capture_output=True,
@@ -245,7 +252,7 @@ def test_a_world_size_that_is_not_the_roles_is_one_line_exit_2(tmp_path):
         )
         assert r.returncode == 2
         if rank == "0":  # one line for the job: rank 0 says it, the others only exit 2
-            line = _one_trainer_line(r.stderr)
+            line = one_trainer_line(r.stderr)
             assert line == (
                 'error: config: runtime.mode = "processes": WORLD_SIZE is 3 but'
                 " runtime.targets + runtime.drafters make 4 ranks (2 + 2); start torchrun"

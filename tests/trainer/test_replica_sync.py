@@ -18,10 +18,10 @@ from tests.trainer.test_processes import (
     REL_TOLERANCE,
     ROOT,
     TINY,
-    _env,
-    _one_trainer_line,
+    job_env,
     kill_session,
     metrics,
+    one_trainer_line,
     the_run_dir,
     threads_run,
     torchrun,
@@ -129,10 +129,10 @@ def test_a_bf16_reduce_with_one_drafter_rank_is_one_line_exit_2_before_any_rende
     process group, a run dir or a model (one drafter rank reduces nothing)."""
     cmd = [sys.executable, "-m", "trainer", "--config", str(TINY), *PROCESSES]
     cmd += [*ONE_TARGET, *drafters(1), *BF16, "--run-root", str(tmp_path)]
-    env = _env({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    env = job_env({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert _one_trainer_line(r.stderr) == (
+    assert one_trainer_line(r.stderr) == (
         'error: config: runtime.grad_reduce_dtype = "bf16": this job has one drafter rank, so'
         " no gradient is reduced (its own is the step's); set runtime.grad_reduce_dtype ="
         ' "fp32" or add drafter ranks'

@@ -31,9 +31,12 @@ def _refused(tmp_path: Path, *sets: str) -> str:
     return lines[0]
 
 
-def test_a_routing_that_is_not_one_of_the_two_is_one_line_exit_2(tmp_path):
+def test_a_routing_that_is_not_one_of_the_three_is_one_line_exit_2(tmp_path):
     line = _refused(tmp_path, "runtime.routing=round-robin")
-    assert line == 'error: config: runtime.routing = "round-robin": expected one of fixed, shared'
+    assert (
+        line
+        == 'error: config: runtime.routing = "round-robin": expected one of fixed, shared, node'
+    )
 
 
 def test_shared_routing_in_processes_mode_is_one_line_exit_2(tmp_path):
