@@ -15,16 +15,11 @@ from typing import TYPE_CHECKING
 
 from dflash_tui import control
 from dflash_tui.control import ControlError
-from trainer.contract.records import LAUNCH, LAUNCH_CONFIG, parse_launch
+from trainer.contract.records import LAUNCH, LAUNCH_CONFIG, override_key, parse_launch
 from trainer.contract.typed import Unreadable
 
 if TYPE_CHECKING:
     from dflash_tui.state import Store
-
-
-def key_of(override: str) -> str:
-    """`train.lr=1e-4` -> `train.lr` (the trainer's own split: the first `=`)."""
-    return override.split("=", 1)[0].strip()
 
 
 def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
@@ -36,9 +31,9 @@ def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
     if bad:
         raise ControlError("\n".join(bad))
     dropped = {d.strip() for d in drops}
-    out = [o for o in launched if key_of(o) not in dropped]
+    out = [o for o in launched if override_key(o) not in dropped]
     for s in sets:
-        at = [i for i, o in enumerate(out) if key_of(o) == key_of(s)]
+        at = [i for i, o in enumerate(out) if override_key(o) == override_key(s)]
         if not at:
             out.append(s)
             continue
@@ -49,7 +44,7 @@ def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
 
 def drop_errors(launched: list[str], drops: list[str]) -> list[str]:
     """A line for each `--drop` key the run was not launched with."""
-    keys = [key_of(o) for o in launched]
+    keys = [override_key(o) for o in launched]
     had = ", ".join(dict.fromkeys(keys)) or "none"
     return [
         f"config: --drop {k}: the run was not launched with it (its overrides: {had})"
@@ -67,7 +62,7 @@ def set_errors(sets: list[str]) -> list[str]:
     return bad + [
         f"config: --set {show(s)}: expected section.key=value"
         for s in sets
-        if "\n" not in s and ("=" not in s or not key_of(s))
+        if "\n" not in s and ("=" not in s or not override_key(s))
     ]
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 
 from dflash_tui.state import Store
 from trainer.contract.outcomes import DIED, FINISHED
-from trainer.contract.records import LaunchRecord, parse_launch
+from trainer.contract.records import LaunchRecord, named_overrides, parse_launch
 from trainer.contract.typed import Unreadable
 
 ALIVE, RESUME, NO_CHECKPOINT, DIED_BEFORE_START, CONTINUE = (
@@ -74,13 +73,8 @@ def launch_record(text: str | None) -> LaunchRecord | None:
 
 def offending(overrides: list[str], error: str) -> list[int]:
     """The indexes of the overrides whose key the error line names (`train.lr: …`,
-    `config: train.lr = abc: …`)."""
-    hits = []
-    for i, o in enumerate(overrides):
-        key = o.split("=", 1)[0].strip()
-        if key and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", error):
-            hits.append(i)
-    return hits
+    `config: train.lr = abc: …`): the agent's rule too, as a plain restart is refused."""
+    return named_overrides(overrides, error)
 
 
 def error_line(s: Store) -> str:
