@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     from dflash_tui.agent.loop import Agent
     from dflash_tui.agent.output import Out
 
-    # The loop wakes on a new line holding nothing; the samplers' threads (NVML, /proc)
-    # hold the GIL in Python for milliseconds. Python's default 5 ms switch interval let
-    # each such sample hold a line back that long; at 0.5 ms it waits for less.
+    # The loop wakes on a new line holding nothing; a command's thread (a kill's /proc
+    # scans), or the samplers where they could not have a process of their own
+    # (sampler_process.py), holds the GIL in Python for milliseconds. Python's default 5 ms
+    # switch interval let each hold a line back that long; at 0.5 ms it waits for less.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     with contextlib.suppress(KeyboardInterrupt):
