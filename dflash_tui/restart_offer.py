@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from dflash_tui.diagnosis.process import died_before_start
 from dflash_tui.state import Store
 from trainer.contract.outcomes import DIED, FINISHED
 from trainer.contract.records import LaunchRecord, named_overrides, parse_launch
@@ -130,7 +131,9 @@ def offer(s: Store, launch: LaunchRecord | None, config_text: str | None = None)
     outcome = s.outcome()
     run = s.current_run()
     point = run.resume if run else None
-    if outcome is not None and outcome.kind == DIED:
+    # Died before its first step, as the diagnosis says it (died_at_start): also a run that
+    # wrote a heartbeat and then failed reading the target or building the model.
+    if outcome is not None and (outcome.kind == DIED or died_before_start(s)):
         overrides = list(launch.overrides) if launch is not None else None
         error = error_line(s)
         return Offer(

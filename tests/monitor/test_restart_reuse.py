@@ -6,17 +6,25 @@ The bad key passes the config's own rules and fails only once the trainer has re
 target (`drafter.target_layer_ids = [99]`: the tiny target has 8 layers), so nothing but
 the run's recorded error can tell: the refusal names the override and the `--drop KEY`
 that relaunches without it, exit 2, nothing stopped or launched; that `--drop` then trains.
+The restart dialog (the real app under Pilot, a local agent) refuses to relaunch it kept as
+it was in the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
-from monitor_helpers import NO_WANDB, TINY, cli
+from monitor_helpers import NO_WANDB, TINY, cli, wait_for
+from test_control_local import deploy
 from test_restart_edits import SHORT, restarted_as, run_ids, trains_three_steps
-from test_resume import record, until
+from test_resume import launch, record, until
+from textual.widgets import Input
+
+from dflash_tui.app import DFlashApp
+from dflash_tui.widgets.restart_dialog import RestartDialog
 
 BAD_KEY = "drafter.target_layer_ids"
 BAD = f"{BAD_KEY}=[99]"
@@ -64,3 +72,52 @@ def test_a_plain_restart_of_a_run_that_died_of_its_override_is_refused(over_ssh)
     new = restarted_as(dropped.stdout)
     assert record(runs_dir / new)["overrides"] == [NO_WANDB, *SHORT]
     trains_three_steps(runs_dir, new)
+
+
+@pytest.mark.serial  # two trainer runs
+def test_the_dialog_will_not_relaunch_the_override_a_run_died_of(
+    remote_factory, local_target, tmp_path
+):
+    """`r` on that run: its overrides, the one the error names marked; `fresh` with it kept
+    as it was is refused in the dialog (the config's rules pass it: only the run's error
+    tells), nothing launched; dropped, the run is relaunched without it."""
+    runs_dir = Path(local_target.remote_dir) / "runs"
+    r = remote_factory(local_target)
+    deploy(r)
+    launch(r, *SHORT, BAD)  # it starts (a heartbeat), then reads the target and dies
+    (died,) = run_ids(runs_dir)
+    until(f"{died}'s exit", (runs_dir / died / "exit.json").exists, timeout=180)
+    kept = record(runs_dir / died)["overrides"][:-1]
+
+    async def go() -> str:
+        app = DFlashApp(local_target, theme_name="dark")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.store.run_id == died and app.store.outcome(), "run")
+            await pilot.press("r")
+            dialog = await wait_for(
+                pilot, lambda: isinstance(app.screen, RestartDialog) and app.screen, "the dialog"
+            )
+            bad = dialog.query_one(f"#override-{len(kept)}", Input)
+            assert bad.value == BAD and bad.has_class("offending")
+            word = dialog.query_one("#fresh-word", Input)
+            word.focus()
+            await pilot.press(*"fresh", "enter")
+            await pilot.pause(0.2)
+            assert str(dialog.query_one("#edit-error").render()).split("\n") == [
+                f"config: {BAD}: the run died of it before its first step: drop it or edit it"
+            ]
+            assert app.screen is dialog and run_ids(runs_dir) == [died]
+
+            bad.focus()
+            await pilot.press("tab", "space")  # its drop box
+            await wait_for(pilot, lambda: bad.disabled, "the line dropped")
+            word.focus()
+            await pilot.press(*"fresh", "enter")
+            await wait_for(pilot, lambda: app.controls.busy is None, "the relaunch")
+            said = [n.message for n in app._notifications if n.message.startswith("restarted")]
+            assert said, [n.message for n in app._notifications]
+            await pilot.press("q")
+            return str(said[-1].split()[2].rstrip(","))
+
+    new = asyncio.run(go())
+    assert record(runs_dir / new)["overrides"] == kept
