@@ -360,7 +360,9 @@ class Agent:
     # -- the runs list and liveness ----------------------------------------------------------
     def check_runs(self, alive: str | None) -> None:
         """Once a second, given the alive run (`AliveProbe`): new runs, liveness; the runs
-        list on a change, and every RUNS_EVERY_S anyway."""
+        list (`runs_changed`) only where the samplers have no process of their own, which
+        lists them (`runs_loop`): each run's files read, ~1 ms a run, a stall of the loop
+        on a host of many runs."""
         ids = self.runs.run_ids()
         for name, why in self.runs.refused.items():
             if self.said_refused.get(name) != why:  # once per planted name, not every second
@@ -368,12 +370,28 @@ class Agent:
         self.said_refused = dict(self.runs.refused)
         if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
             self.set_follow(ids[-1], dict.fromkeys(self.from_start, 0))
+        if self.samplers is None:
+            self.runs_changed(alive, ids)
+        self.check_liveness(alive, time.time())
+
+    def runs_changed(self, alive: str | None, ids: list[str]) -> None:
+        """The runs list on a change (a run added, another alive), and every RUNS_EVERY_S."""
         sig = (tuple(ids), alive)
         now = time.time()
         if sig != self.last_runs or now - self.last_runs_at > RUNS_EVERY_S:
             self.last_runs, self.last_runs_at = sig, now
             self.emit_runs(alive, ids)
-        self.check_liveness(alive, now)
+
+    def runs_loop(self) -> None:
+        """The runs list, from the samplers' process: looked at at once, then every
+        PERIODIC_S (alive_run may sleep here: this is no loop a line waits on)."""
+        while True:
+            try:
+                self.runs_changed(self.runs.alive_run(), self.runs.run_ids())
+            except Exception as e:  # never die of a monitoring hiccup
+                self.log("error", f"runs list: {type(e).__name__}: {e}")
+            if self.stop.wait(PERIODIC_S):
+                return
 
     def emit_runs(self, alive: str | None = None, ids: list[str] | None = None) -> None:
         alive = self.runs.alive_run() if alive is None else alive

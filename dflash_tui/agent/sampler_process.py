@@ -1,11 +1,12 @@
-"""The agent's samplers (GPUs, the host, the followed run's processes) in a child process of
-their own, so that the loop that forwards a run's lines never waits for them.
+"""The agent's samplers (GPUs, the host, the followed run's processes, the runs list) in a
+child process of their own, so that the loop that forwards a run's lines never waits for them.
 
 As threads of the agent they held its GIL in Python for milliseconds a sample (8 GPUs behind
 NVML's Python binding, a /proc scan of the run's process group), and on a loaded host a
 sampler preempted while holding it held the loop's next line back for a whole scheduler
-slice: line latency p99 26-44 ms while a run trained beside it (issue 32). In a process of
-their own they share only the CPU with the loop, never the GIL.
+slice: line latency p99 26-44 ms while a run trained beside it (issue 32). The runs list
+read every run's files on the loop itself (~1 ms a run every 10 s). In a process of their
+own they share only the CPU with the loop, never the GIL.
 
 The child is forked before the agent starts any thread. It writes its events, whole JSON
 lines, into a pipe that the loop relays to stdout between its own (`SamplerChild.relay`);
@@ -40,6 +41,7 @@ class Sampled(Protocol):
     def gpu_loop(self) -> None: ...
     def host_loop(self) -> None: ...
     def procs_loop(self) -> None: ...
+    def runs_loop(self) -> None: ...
 
 
 class SamplerChild:
@@ -114,7 +116,7 @@ def start(agent: Sampled) -> SamplerChild | None:
 
 
 def _serve(agent: Sampled, events_w: int, follow_r: int) -> None:
-    """The child: the three sampler threads, until the agent's end of `follow_r` closes."""
+    """The child: the sampler threads, until the agent's end of `follow_r` closes."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the ssh channel is the agent's alone: its session ends with it
         os.dup2(devnull, fd)
@@ -124,6 +126,7 @@ def _serve(agent: Sampled, events_w: int, follow_r: int) -> None:
         (agent.gpu_loop, "gpu"),
         (agent.host_loop, "host"),
         (agent.procs_loop, "procs"),
+        (agent.runs_loop, "runs"),
     ):
         threading.Thread(target=target, name=name, daemon=True).start()
     with os.fdopen(follow_r, "rb") as told:
