@@ -149,7 +149,8 @@ class Agent:
 
     def run(self) -> None:
         self.hello()
-        self.samplers = start_samplers(self)  # forked before this process has any thread
+        if not self.args.sampler_threads:  # forked before this process has any thread
+            self.samplers = start_samplers(self)
         threading.Thread(target=self.read_stdin, name="stdin", daemon=True).start()
         if self.samplers is None:
             self.sampler_threads()

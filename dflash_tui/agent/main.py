@@ -31,6 +31,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="file poll period when inotify is not available",
     )
     p.add_argument("--no-inotify", action="store_true", help="poll instead (for tests)")
+    p.add_argument(
+        "--sampler-threads",
+        action="store_true",
+        help="sample as threads of the agent, not a process of their own (bench/agent_latency.py)",
+    )
     p.add_argument("--tail-bytes", type=int, default=TAIL_BYTES)
     return p.parse_args(argv)
 
