@@ -12,7 +12,8 @@ The child is forked before the agent starts any thread. It writes its events, wh
 lines, into a pipe that the loop relays to stdout between its own (`SamplerChild.relay`);
 the loop tells it which run it follows over another pipe (one run id a line, an empty line
 for none), and its end of that pipe closing (the agent gone) ends the child. Where fork is
-missing or fails, or the child dies, the samplers run as threads again (`Agent.run`).
+missing or fails, or the child dies, the samplers run as threads again (`Agent.run`); the
+agent's `--sampler-threads` asks for that (bench/agent_latency.py's comparison).
 """
 
 from __future__ import annotations
