@@ -278,8 +278,13 @@ def agent_cpu(server: SshServer, remote: Path, seconds: float = 30.0) -> float:
     ticks = os.sysconf("SC_CLK_TCK")
 
     def cpu() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks
+        """The agent's and its samplers' process's (agent/sampler_process.py) CPU seconds."""
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total = 0
+        for p in (pid, *map(int, children)):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / ticks
 
     time.sleep(2.0)
     c0, t0 = cpu(), time.monotonic()

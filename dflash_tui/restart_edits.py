@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING
 
 from dflash_tui import control
 from dflash_tui.control import ControlError
-from trainer.contract.records import LAUNCH, LAUNCH_CONFIG, parse_launch
+from trainer.contract.records import (
+    LAUNCH,
+    LAUNCH_CONFIG,
+    named_overrides,
+    override_key,
+    parse_launch,
+)
 from trainer.contract.typed import Unreadable
 
 if TYPE_CHECKING:
     from dflash_tui.state import Store
-
-
-def key_of(override: str) -> str:
-    """`train.lr=1e-4` -> `train.lr` (the trainer's own split: the first `=`)."""
-    return override.split("=", 1)[0].strip()
 
 
 def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
@@ -36,9 +37,9 @@ def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
     if bad:
         raise ControlError("\n".join(bad))
     dropped = {d.strip() for d in drops}
-    out = [o for o in launched if key_of(o) not in dropped]
+    out = [o for o in launched if override_key(o) not in dropped]
     for s in sets:
-        at = [i for i, o in enumerate(out) if key_of(o) == key_of(s)]
+        at = [i for i, o in enumerate(out) if override_key(o) == override_key(s)]
         if not at:
             out.append(s)
             continue
@@ -49,7 +50,7 @@ def edit(launched: list[str], sets: list[str], drops: list[str]) -> list[str]:
 
 def drop_errors(launched: list[str], drops: list[str]) -> list[str]:
     """A line for each `--drop` key the run was not launched with."""
-    keys = [key_of(o) for o in launched]
+    keys = [override_key(o) for o in launched]
     had = ", ".join(dict.fromkeys(keys)) or "none"
     return [
         f"config: --drop {k}: the run was not launched with it (its overrides: {had})"
@@ -67,7 +68,7 @@ def set_errors(sets: list[str]) -> list[str]:
     return bad + [
         f"config: --set {show(s)}: expected section.key=value"
         for s in sets
-        if "\n" not in s and ("=" not in s or not key_of(s))
+        if "\n" not in s and ("=" not in s or not override_key(s))
     ]
 
 
@@ -119,15 +120,25 @@ async def which_run(link: control.Requester, store: Store) -> str:
     return runs[-1].run_id
 
 
-def problems(overrides: list[str], config_toml: str | None) -> list[str]:
+def problems(
+    overrides: list[str], config_toml: str | None, died_of: list[str] | None = None
+) -> list[str]:
     """What the trainer would refuse in `overrides` launched with `config_toml` (None: the
     run's config is not known here; each is checked as one line of KEY=VALUE only), a line
-    each: the restart dialog says them and relaunches nothing."""
+    each: the restart dialog says them and relaunches nothing. Each of `died_of` (the
+    overrides the run's error names) kept as it was is a line too, unless said already: a
+    key the config's rules pass may still fail once the target is read, and only the run's
+    error tells (the agent refuses a plain restart so: agent/reused_overrides.py)."""
     bad = set_errors(overrides)
-    if bad or config_toml is None:
-        return bad
-    try:
-        control.check_overrides(overrides, config_toml)
-    except ControlError as e:
-        return str(e).split("\n")
-    return []
+    if not bad and config_toml is not None:
+        try:
+            control.check_overrides(overrides, config_toml)
+        except ControlError as e:
+            bad = str(e).split("\n")
+    kept = [o for o in dict.fromkeys(died_of or []) if o in overrides]
+    said = set(named_overrides(kept, "\n".join(bad)))
+    return bad + [
+        f"config: {o}: the run died of it before its first step: drop it or edit it"
+        for i, o in enumerate(kept)
+        if i not in said
+    ]

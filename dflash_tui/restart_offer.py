@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 
+from dflash_tui.diagnosis.process import died_before_start
 from dflash_tui.state import Store
 from trainer.contract.outcomes import DIED, FINISHED
-from trainer.contract.records import LaunchRecord, parse_launch
+from trainer.contract.records import LaunchRecord, named_overrides, parse_launch
 from trainer.contract.typed import Unreadable
 
 ALIVE, RESUME, NO_CHECKPOINT, DIED_BEFORE_START, CONTINUE = (
@@ -74,13 +74,8 @@ def launch_record(text: str | None) -> LaunchRecord | None:
 
 def offending(overrides: list[str], error: str) -> list[int]:
     """The indexes of the overrides whose key the error line names (`train.lr: …`,
-    `config: train.lr = abc: …`)."""
-    hits = []
-    for i, o in enumerate(overrides):
-        key = o.split("=", 1)[0].strip()
-        if key and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", error):
-            hits.append(i)
-    return hits
+    `config: train.lr = abc: …`): the agent's rule too, as a plain restart is refused."""
+    return named_overrides(overrides, error)
 
 
 def error_line(s: Store) -> str:
@@ -136,7 +131,9 @@ def offer(s: Store, launch: LaunchRecord | None, config_text: str | None = None)
     outcome = s.outcome()
     run = s.current_run()
     point = run.resume if run else None
-    if outcome is not None and outcome.kind == DIED:
+    # Died before its first step, as the diagnosis says it (died_at_start): also a run that
+    # wrote a heartbeat and then failed reading the target or building the model.
+    if outcome is not None and (outcome.kind == DIED or died_before_start(s)):
         overrides = list(launch.overrides) if launch is not None else None
         error = error_line(s)
         return Offer(

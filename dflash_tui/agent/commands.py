@@ -40,6 +40,7 @@ from dflash_tui.agent.rank_stacks import (
     rank_places,
 )
 from dflash_tui.agent.release_check import check_release, release_env
+from dflash_tui.agent.reused_overrides import refuse_reused
 from dflash_tui.agent.runs import RunRoot
 from trainer.contract.heartbeat import Heartbeat, read_heartbeat
 from trainer.contract.nodes import NodePlace
@@ -215,7 +216,9 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
     one), or from step 0 when `fresh` or when it has none (the answer says which and why).
     `overrides` replace the parent's; `more_steps` continues its final checkpoint that many
     steps further (continuation.py); `release` launches from a release deployed beside
-    `current`, once it imports (`_checked_release`), and makes it current."""
+    `current`, once it imports (`_checked_release`), and makes it current. The run's own
+    overrides again, when it died before its first step of one, are refused
+    (reused_overrides.py)."""
     _check_node(cmd.node)
     if cmd.overrides is not None and any("\n" in o or "=" not in o for o in cmd.overrides):
         raise CommandError("overrides must be single-line key=value strings", bad_input=True)
@@ -229,6 +232,8 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
         config_toml = None
     if not isinstance(record, LaunchRecord) or config_toml is None:
         raise CommandError(f"run {run_id} was not launched by dflash-tui: nothing to restart from")
+    if cmd.overrides is None:  # its own again: refused, nothing stopped, if it died of one
+        refuse_reused(run_id, run_dir, list(record.overrides))
     progress = _progress(agent, cmd)
     release = None if cmd.release is None else _checked_release(agent, cmd.release, progress)
     killed = None

@@ -32,6 +32,8 @@ from dflash_tui.agent.output import Out
 from dflash_tui.agent.proc_table import ProcTable
 from dflash_tui.agent.rank_watch import RankWatch
 from dflash_tui.agent.runs import LOCK_PAUSE_S, AliveProbe, RunRoot
+from dflash_tui.agent.sampler_process import SamplerChild
+from dflash_tui.agent.sampler_process import start as start_samplers
 from dflash_tui.agent.stdin import Rejected, parse_command, read_lines
 from trainer.contract.protocol import (
     FOLLOWED_FILES,
@@ -91,6 +93,7 @@ class Agent:
         if os.path.isdir(vendored):
             sys.path.insert(0, vendored)  # the pynvml that deploy carried along
         self.gpus = Gpus()
+        self.samplers: SamplerChild | None = None  # their process (None: threads of this one)
 
     # -- plumbing ----------------------------------------------------------------------------
     def hello(self) -> None:
@@ -146,10 +149,34 @@ class Agent:
 
     def run(self) -> None:
         self.hello()
+        if not self.args.sampler_threads:  # forked before this process has any thread
+            self.samplers = start_samplers(self)
         threading.Thread(target=self.read_stdin, name="stdin", daemon=True).start()
+        if self.samplers is None:
+            self.sampler_threads()
+        try:
+            self.serve()
+        finally:
+            if self.samplers is not None:
+                self.samplers.close()
+
+    def sampler_threads(self) -> None:
+        """The samplers as threads of the agent: where their process could not be forked."""
         threading.Thread(target=self.gpu_loop, name="gpu", daemon=True).start()
         threading.Thread(target=self.host_loop, name="host", daemon=True).start()
         threading.Thread(target=self.procs_loop, name="procs", daemon=True).start()
+
+    def relay_samples(self) -> None:
+        """The samplers' process's events out; once it has gone, its samplers as threads."""
+        child = self.samplers
+        if child is None or child.relay(self.out):
+            return
+        self.samplers = None
+        child.close()
+        self.log("warning", "the samplers' process ended: sampling in the agent's own")
+        self.sampler_threads()
+
+    def serve(self) -> None:
         inotify = None
         why = "--no-inotify"
         if not self.args.no_inotify:
@@ -167,8 +194,12 @@ class Agent:
         next_periodic = 0.0
         while not self.stop.is_set():
             waits = [self.wake_r] + ([inotify.fd] if inotify is not None else [])
+            if self.samplers is not None:
+                waits.append(self.samplers.events)
             timeout = max(0.0, min(poll, next_periodic - time.monotonic()))
             ready, _, _ = select.select(waits, [], [], timeout)
+            if self.samplers is not None and self.samplers.events in ready:
+                self.relay_samples()
             if self.wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self.wake_r, 4096)
@@ -315,18 +346,24 @@ class Agent:
             self.heartbeat = HeartbeatWatch(os.path.join(d, HEARTBEAT))
             self.rank_watch = RankWatch(d)
             self.last_liveness = None
+        if self.samplers is not None:
+            self.samplers.follow(run_id)
         self.out.emit(Follow(run_id=run_id, run_dir=d, resumed=resumed))
 
     def follow_nothing(self) -> None:
         with self.lock:
             self.run_id = None
+        if self.samplers is not None:
+            self.samplers.follow(None)
         # Said, not left silent: a one-shot `status` knows at once there is no run to wait for.
         self.out.emit(Follow(run_id=None))
 
     # -- the runs list and liveness ----------------------------------------------------------
     def check_runs(self, alive: str | None) -> None:
         """Once a second, given the alive run (`AliveProbe`): new runs, liveness; the runs
-        list on a change, and every RUNS_EVERY_S anyway."""
+        list (`runs_changed`) only where the samplers have no process of their own, which
+        lists them (`runs_loop`): each run's files read, ~1 ms a run, a stall of the loop
+        on a host of many runs."""
         ids = self.runs.run_ids()
         for name, why in self.runs.refused.items():
             if self.said_refused.get(name) != why:  # once per planted name, not every second
@@ -334,12 +371,28 @@ class Agent:
         self.said_refused = dict(self.runs.refused)
         if self.follow_target == "latest" and ids and ids[-1] != self.run_id:
             self.set_follow(ids[-1], dict.fromkeys(self.from_start, 0))
+        if self.samplers is None:
+            self.runs_changed(alive, ids)
+        self.check_liveness(alive, time.time())
+
+    def runs_changed(self, alive: str | None, ids: list[str]) -> None:
+        """The runs list on a change (a run added, another alive), and every RUNS_EVERY_S."""
         sig = (tuple(ids), alive)
         now = time.time()
         if sig != self.last_runs or now - self.last_runs_at > RUNS_EVERY_S:
             self.last_runs, self.last_runs_at = sig, now
             self.emit_runs(alive, ids)
-        self.check_liveness(alive, now)
+
+    def runs_loop(self) -> None:
+        """The runs list, from the samplers' process: looked at at once, then every
+        PERIODIC_S (alive_run may sleep here: this is no loop a line waits on)."""
+        while True:
+            try:
+                self.runs_changed(self.runs.alive_run(), self.runs.run_ids())
+            except Exception as e:  # never die of a monitoring hiccup
+                self.log("error", f"runs list: {type(e).__name__}: {e}")
+            if self.stop.wait(PERIODIC_S):
+                return
 
     def emit_runs(self, alive: str | None = None, ids: list[str] | None = None) -> None:
         alive = self.runs.alive_run() if alive is None else alive

@@ -31,6 +31,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="file poll period when inotify is not available",
     )
     p.add_argument("--no-inotify", action="store_true", help="poll instead (for tests)")
+    p.add_argument(
+        "--sampler-threads",
+        action="store_true",
+        help="sample as threads of the agent, not a process of their own (bench/agent_latency.py)",
+    )
     p.add_argument("--tail-bytes", type=int, default=TAIL_BYTES)
     return p.parse_args(argv)
 
@@ -45,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     from dflash_tui.agent.loop import Agent
     from dflash_tui.agent.output import Out
 
-    # The loop wakes on a new line holding nothing; the samplers' threads (NVML, /proc)
-    # hold the GIL in Python for milliseconds. Python's default 5 ms switch interval let
-    # each such sample hold a line back that long; at 0.5 ms it waits for less.
+    # The loop wakes on a new line holding nothing; a command's thread (a kill's /proc
+    # scans), or the samplers where they could not have a process of their own
+    # (sampler_process.py), holds the GIL in Python for milliseconds. Python's default 5 ms
+    # switch interval let each hold a line back that long; at 0.5 ms it waits for less.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     with contextlib.suppress(KeyboardInterrupt):

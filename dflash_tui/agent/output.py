@@ -29,6 +29,10 @@ class Out:
         data = line.encode()
         if len(data) > MAX_LINE_BYTES:  # the monitor would refuse it: say so instead
             data = self._too_large(event, len(data))
+        self.write_line(data)
+
+    def write_line(self, data: bytes) -> None:
+        """One line already made (an event of the samplers' process, sampler_process.py)."""
         with self._lock:
             if self.closed:
                 return

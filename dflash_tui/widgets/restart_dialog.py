@@ -152,7 +152,9 @@ class RestartDialog(ModalScreen[Choice | None]):
         """Relaunch from step 0, with the overrides as edited when the trainer would take
         them; else each bad one is said under the list and the word is typed again."""
         overrides = self.edited_overrides()
-        bad = problems(overrides, self.offer.config_toml) if overrides is not None else []
+        o = self.offer
+        died_of = [o.overrides[i] for i in o.offending] if o.overrides is not None else []
+        bad = problems(overrides, o.config_toml, died_of) if overrides is not None else []
         if not bad:
             self.dismiss(Choice(fresh=True, overrides=overrides))
             return

@@ -90,6 +90,8 @@ def test_fresh_typed_and_enter_is_the_one_way_to_step_zero(state: str) -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await app.push_screen(RestartDialog(OFFERS[state]), answers.append)
             await pilot.pause()
+            if state == DIED_BEFORE_START:  # the override it died of, edited: else refused
+                app.screen.query_one("#override-1", Input).value = "train.max_steps=3"
             app.screen.query_one("#fresh-word", Input).focus()  # as a click or Tab gets there
             await pilot.press(*"fresh", "enter")
             await pilot.pause()
@@ -97,3 +99,5 @@ def test_fresh_typed_and_enter_is_the_one_way_to_step_zero(state: str) -> None:
 
     (choice,) = asyncio.run(go())
     assert choice is not None and choice.fresh
+    if state == DIED_BEFORE_START:
+        assert choice.overrides == ["train.lr=1", "train.max_steps=3"]

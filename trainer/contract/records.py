@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, TypeVar
@@ -71,6 +72,22 @@ class LaunchRecord:
     # One node of a job over several hosts (`dflash-tui launch GROUP`): its place, as put in
     # the trainer's environment; None for a run of one host (and from older agents).
     node: NodePlace | None = None
+
+
+def override_key(override: str) -> str:
+    """`train.lr=1e-4` -> `train.lr` (the trainer's own split: the first `=`)."""
+    return override.split("=", 1)[0].strip()
+
+
+def named_overrides(overrides: list[str], text: str) -> list[int]:
+    """The indexes of the overrides whose key `text` (a run's error line) names as a whole
+    key: `config: train.lr = abc: …` names `train.lr`, never `train.lr_min`'s."""
+    hits = []
+    for i, o in enumerate(overrides):
+        key = override_key(o)
+        if key and re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", text):
+            hits.append(i)
+    return hits
 
 
 @dataclasses.dataclass
