@@ -19,7 +19,6 @@ reports what it finished.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from trainer.contract.records import write_json_atomic  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ CLASSES = [
     InputClass("run-file-slots", "tests/monitor/test_hostile_run_files.py::"
                "test_a_non_file_where_a_run_file_should_be",
                "a folder, FIFO or device at each run file (real agent)"),
+    InputClass("agent-file-slots", "tests/monitor/test_hostile_run_files.py::"
+               "test_a_non_file_where_an_agent_file_should_be",
+               "a folder, FIFO or device at the launch lock, its record, deployed.json "
+               "(a fresh real agent each)"),
     InputClass("refused-heartbeats", "tests/monitor/test_hostile_run_files.py::"
                "test_every_refused_heartbeat_is_named_a_warning_at_least",
                "heartbeats the contract refuses, named (real agent, link, store)"),
@@ -204,12 +210,6 @@ def git_head() -> str:
     return git("rev-parse", "--short", "HEAD") + (" (uncommitted changes)" if dirty else "")
 
 
-def write(path: Path, result: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=10_000, help="per class (default 10,000)")
@@ -252,7 +252,7 @@ def main() -> int:
         done.append(r)
         result["classes"] = [asdict(x) for x in done]
         result["load_average"] = os.getloadavg()
-        write(args.out, result)
+        write_json_atomic(args.out, result)
         print(f"  {r.examples} examples, {r.failures} failures, {r.examples_s} s, "
               f"wall {r.wall_s} s; {r.stopped_because}", file=sys.stderr, flush=True)  # fmt: skip
         if r.falsifying:
