@@ -24,6 +24,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -154,7 +155,7 @@ def falsifying(output: str) -> str:
     return "\n".join(lines[i][:300] for i in keep[:30])
 
 
-def run_class(c: InputClass, examples: int, seed: int, timeout_s: float) -> Result:
+def run_class(c: InputClass, examples: int, seed: int, timeout_s: float, work: Path) -> Result:
     env = {
         **os.environ,
         "HYPOTHESIS_PROFILE": "bench",
@@ -164,7 +165,7 @@ def run_class(c: InputClass, examples: int, seed: int, timeout_s: float) -> Resu
     argv = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:xdist",
         "-p", "no:cacheprovider", "--timeout", "0", "--hypothesis-show-statistics",
-        f"--hypothesis-seed={seed}", c.test,
+        f"--hypothesis-seed={seed}", f"--basetemp={work / c.name}", c.test,
     ]  # fmt: skip
     t0 = time.monotonic()
     try:
@@ -245,10 +246,13 @@ def main() -> int:
         "commit": git_head(),
         "classes": [],
     }
+    # A folder of its own: pytest's shared /tmp/pytest-of-USER keeps only the last 3 sessions,
+    # and the machine's other pytest runs would count against them.
+    work = Path(tempfile.mkdtemp(prefix="reliability-bench-"))
     done: list[Result] = []
     for c in chosen:
         print(f"{c.name}: {c.what} ...", file=sys.stderr, flush=True)
-        r = run_class(c, args.examples, args.seed, args.class_timeout)
+        r = run_class(c, args.examples, args.seed, args.class_timeout, work)
         done.append(r)
         result["classes"] = [asdict(x) for x in done]
         result["load_average"] = os.getloadavg()
