@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.link.hostkeys import (
     OPT_OUT,
+    config_paths,
     host_key_policy,
     known_hosts,
     make_client,
@@ -224,6 +225,10 @@ class SshTransport:
         if t.identity:
             options["client_keys"] = [os.path.expanduser(t.identity)]
         where = self.describe()
+        try:  # given, not left to asyncssh's default: read only once checked (a FIFO blocks)
+            options["config"] = config_paths()
+        except TargetError as e:
+            raise ConnectError(str(e), fatal=True) from None
         made: list[Any] = []
         files = ""  # the known_hosts files, named when a key is not accepted
         if t.check_host_key:
