@@ -70,6 +70,8 @@ CLASSES = [
     InputClass("ssh-config-slot", "tests/monitor/test_hostile_files.py::"
                "test_ssh_config_slot_reads_or_refuses_in_one_line",
                "~/.ssh/config file states"),
+    InputClass("identity-slot", "tests/monitor/test_hostile_files.py::"
+               "test_identity_slot_reads_or_refuses_in_one_line", "`--identity` file states"),
     InputClass("theme-slots", "tests/monitor/test_hostile_files.py::"
                "test_theme_slots_read_or_refuse_in_one_line",
                "settings.json and a user theme file, file states"),

@@ -1,6 +1,6 @@
 """Hostile files in the slots a user names (issue 33): the trainer's `--config`, `dflash-tui
-launch --config`, the monitor's own config.toml, `--known-hosts`, ~/.ssh/config, and the
-TUI's settings.json and user theme files. Whatever stands there
+launch --config`, the monitor's own config.toml, `--known-hosts`, ~/.ssh/config,
+`--identity`, and the TUI's settings.json and user theme files. Whatever stands there
 (bytes, TOML of any types, a folder, a FIFO, a device, a file past the cap, a symlink to any
 of these) is read or refused in one line naming the file or key; never a traceback, never a
 hang, never an unbounded read.
@@ -29,6 +29,7 @@ from dflash_tui import themes
 from dflash_tui.control import ControlError, read_config
 from dflash_tui.diagnosis.config import config_for
 from dflash_tui.link.hostkeys import host_key_policy, known_hosts
+from dflash_tui.link.transport import identity_path
 from dflash_tui.targets import Target, TargetError, load_groups, resolve_target
 from trainer.config import ConfigError, load_config
 from trainer.contract.textfile import TextFileError
@@ -255,6 +256,23 @@ def test_ssh_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tup
             assert regular_text(state) or absent(state), state
 
 
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@example(state=("fifo",))  # asyncssh read it whole: the connection hung
+@given(state=FILE_STATES)
+def test_identity_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """`--identity FILE` (or a target's `identity`), checked before asyncssh reads the key."""
+    path = fresh(tmp_path, "id_key")
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", identity=str(path))
+    try:
+        with within(10):
+            assert identity_path(target) == str(path)
+    except TargetError as e:
+        assert str(path) in one_line(str(e)), e
+    else:
+        assert regular_text(state), state
+
+
 THEME_LINES = st.sampled_from([
     "$primary: #5fafff;", "$primary: notacolour;", "$primary: ;", "$background: #000;",
     "$dark: false;", "$dark: maybe;", "$bogus: #fff;", "/* a comment", "*/", "$primary: rgb(1,2);",
@@ -317,3 +335,10 @@ def test_an_ssh_config_that_is_no_file_is_one_line_exit_2(tmp_path: Path, kind: 
     r = run(["-m", "dflash_tui", "runs", "ssh://127.0.0.1:9", *flags], {"HOME": str(tmp_path)})
     line = the_one_line(r, tmp_path / ".ssh" / "config")
     assert "not a regular file" in line, line
+
+
+def test_an_identity_that_is_a_fifo_is_one_line_exit_2(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "key")
+    r = run(["-m", "dflash_tui", "runs", "ssh://127.0.0.1:9", "--identity", str(tmp_path / "key")],
+            {"HOME": str(tmp_path)})  # fmt: skip
+    assert "a FIFO, not a regular file" in the_one_line(r, tmp_path / "key")
