@@ -2,8 +2,7 @@
 
 import warnings
 
-# asyncssh's own modules name cryptography's DSA classes in their type hints, and
-# cryptography 51 warns at each: five CryptographyDeprecationWarning lines on stderr when
-# asyncssh is imported, before a command's one line (and over the TUI's screen). They say
-# nothing about the host or its key: silenced for asyncssh's modules only.
-warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh\.")
+# cryptography 51 deprecates DSA, and asyncssh 2.24 names DSA types at import: ten lines of
+# CryptographyDeprecationWarning on stderr before every command's one line. Only those,
+# only from asyncssh: they are about its type annotations, not about any key in use.
+warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh(\.|$)")
