@@ -217,7 +217,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=10_000, help="per class (default 10,000)")
     ap.add_argument("--only", action="append", default=[],
-                    help="run the classes whose name contains this (repeatable)")  # fmt: skip
+                    help="this class, or those whose name contains this (repeatable)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=20261207)
     ap.add_argument(
         "--class-timeout",
@@ -228,7 +228,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("reliability-bench.json"))
     ap.add_argument("--list", action="store_true", help="list the classes and stop")
     args = ap.parse_args()
-    chosen = [c for c in CLASSES if not args.only or any(o in c.name for o in args.only)]
+    names = {c.name for c in CLASSES}
+
+    def wanted(c: InputClass) -> bool:  # a whole name is that class alone (heartbeats)
+        return any(o == c.name if o in names else o in c.name for o in args.only)
+
+    chosen = [c for c in CLASSES if not args.only or wanted(c)]
     if args.list:
         for c in chosen:
             print(f"{c.name:<20} {c.what}  [{c.test}]")
