@@ -22,6 +22,7 @@ from typing import Any
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
+from textual.color import ColorParseError
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
@@ -104,7 +105,12 @@ class DFlashApp(App[int]):
         self.theme_specs = themes.available_themes()
         for spec in self.theme_specs.values():
             colours: dict[str, Any] = dict(spec.colours)
-            self.register_theme(Theme(name=spec.name, dark=spec.dark, **colours))
+            theme = Theme(name=spec.name, dark=spec.dark, **colours)
+            try:  # a user's file: a colour Textual cannot read is its line, not a traceback
+                theme.to_color_system()
+            except ColorParseError as e:
+                raise themes.ThemeError(f"{spec.path}: {e}") from None
+            self.register_theme(theme)
         # Only themes that meet WCAG AA for text, in the palette and for `t`: Textual's own
         # fail (some at 1.9:1); a user's theme that fails is left out and said at start.
         dropped = palette.keep_aa_themes(self)
@@ -435,8 +441,8 @@ class DFlashApp(App[int]):
             return
         i = names.index(self.theme) if self.theme in names else -1
         self.theme = names[(i + 1) % len(names)]
-        themes.remember_theme(self.theme)
-        self.notify(f"theme: {self.theme}", timeout=2)
+        not_kept = themes.remember_theme(self.theme)
+        self.notify(f"theme: {self.theme}" + (f" ({not_kept})" if not_kept else ""), timeout=2)
 
     def action_threads(self) -> None:
         if not isinstance(self.screen, ThreadsScreen):  # its rows and actions: widgets/

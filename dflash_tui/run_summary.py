@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from dflash_tui import evaluation
-from dflash_tui.fmt import duration, rate
+from dflash_tui.fmt import count, duration, rate
 from dflash_tui.state import Store
 from trainer.contract.outcomes import FINISHED, STOPPED_EARLY
 
@@ -52,7 +52,8 @@ def rows(s: Store, where: str) -> list[tuple[str, str]] | None:
     step = outcome.step if outcome.step is not None else hb.step if hb else None
     total = outcome.total_steps or (hb.total_steps if hb else None)
     if step is not None:
-        out.append(("steps", f"{step}" + (f" of {total}" if total else "")))
+        # bounded, as every figure from the host (a 400-digit step would fill the pane)
+        out.append(("steps", count(step) + (f" of {count(total)}" if total else "")))
     wall = _wall_s(s)
     if wall is not None:
         out.append(("wall time", duration(wall)))
@@ -63,13 +64,13 @@ def rows(s: Store, where: str) -> list[tuple[str, str]] | None:
     run = s.current_run()
     best_tau = tau.best if tau is not None else run.eval.best if run and run.eval else None
     if best_tau is not None and best_tau.tau is not None:
-        out.append(("best τ", f"{best_tau.tau:.2f} at step {best_tau.step}"))
+        out.append(("best τ", f"{best_tau.tau:.2f} at step {count(best_tau.step)}"))
     point = run.resume if run is not None else None
     good = point if point is not None and point.name is not None else None
     if good is not None:
         of = f" of {good.run_id}" if good.run_id != s.run_id else ""
         said = "the last good one" if good.verified else "the newest (no sidecar: unchecked)"
-        out.append(("checkpoint", f"{good.name} (step {good.step}){of}, {said}"))
+        out.append(("checkpoint", f"{good.name} (step {count(good.step)}){of}, {said}"))
     elif outcome.checkpoint:
         out.append(("checkpoint", f"{outcome.checkpoint} (not checked good)"))
     else:

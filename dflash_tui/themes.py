@@ -8,15 +8,21 @@ all it takes to restyle every pane. The choice is remembered in the XDG config f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from trainer.contract.textfile import TextFileError, read_text_file
 
 BUNDLED = Path(__file__).resolve().parents[1] / "themes"
 DEFAULT_THEME = "dark"
+MAX_THEME_BYTES = 64 << 10  # ten colour lines; anything this big is not a theme
+MAX_SETTINGS_BYTES = 64 << 10
 _DECL = re.compile(r"^\s*\$([a-z-]+)\s*:\s*([^;]+);", re.MULTILINE)
 _COLOURS = (
     "primary",
@@ -54,7 +60,11 @@ def theme_dirs() -> list[Path]:
 
 
 def parse_theme(path: Path) -> ThemeSpec:
-    text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.DOTALL)
+    try:  # a user's file: regular, bounded, UTF-8 (a FIFO named x.tcss would block the start)
+        text = read_text_file(path, f"theme {path}", MAX_THEME_BYTES)
+    except TextFileError as e:
+        raise ThemeError(str(e)) from None
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     decls = {k: v.strip() for k, v in _DECL.findall(text)}
     unknown = set(decls) - set(_COLOURS) - {"dark"}
     if unknown:
@@ -81,29 +91,39 @@ def settings_path() -> Path:
     return config_dir() / "settings.json"
 
 
-def remembered_theme() -> str | None:
+def _settings() -> dict[str, Any]:
+    """settings.json, or {} when it is not a readable JSON object (a preference: never worth
+    refusing a start for; read bounded, regular files only, so a FIFO there never blocks)."""
     try:
-        data = json.loads(settings_path().read_text())
-    except (OSError, ValueError):
-        return None
-    theme = data.get("theme") if isinstance(data, dict) else None
+        data = json.loads(read_text_file(settings_path(), "settings", MAX_SETTINGS_BYTES))
+    except (TextFileError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remembered_theme() -> str | None:
+    theme = _settings().get("theme")
     return theme if isinstance(theme, str) else None
 
 
-def remember_theme(name: str) -> None:
+def remember_theme(name: str) -> str | None:
+    """None once remembered, else why not, in one line (a folder named settings.json, a
+    read-only config folder): the theme still changes, only not for the next start."""
     path = settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {**_settings(), "theme": name}
+    tmp = None
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data["theme"] = name
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)  # atomic: a crash never leaves half a settings file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)  # atomic: a crash never leaves half a settings file
+    except OSError as e:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return f"theme not remembered: {path}: {e.strerror or e}"
+    return None
 
 
 def starting_theme(asked: str | None, saved: object, specs: dict[str, ThemeSpec]) -> str:

@@ -19,6 +19,14 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True)
 settings.register_profile("dev", max_examples=10_000, print_blob=True)
 settings.register_profile("dev-short", max_examples=1_000, print_blob=True)
+# bench/reliability_bench.py: as many examples as its command line asks, a fresh search each
+# time (no example database replayed, so the count is of new examples only).
+settings.register_profile(
+    "bench",
+    max_examples=int(os.environ.get("DFLASH_BENCH_EXAMPLES", "10000")),
+    database=None,
+    print_blob=True,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Two xdist workers share two cores with the trainers their tests start. torch's default team

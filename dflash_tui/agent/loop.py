@@ -57,7 +57,7 @@ from trainer.contract.protocol import (
     Truncated,
 )
 from trainer.contract.records import HEARTBEAT
-from trainer.contract.typed import Invalid, decode, encode
+from trainer.contract.typed import Invalid, decode, encode, read_bounded
 
 RUNS_EVERY_S = 10.0  # the runs list also goes out at once on a change
 LIVENESS_EVERY_S = 5.0  # the liveness event too
@@ -115,10 +115,13 @@ class Agent:
 
     def deployed(self) -> Deployed | None:
         """deployed.json, or None when nothing (readable) was deployed."""
+        # Bounded, regular files only: a FIFO there would block the agent before its hello.
+        raw = read_bounded(os.path.join(self.remote_dir, "deployed.json"), 65536)
+        if not isinstance(raw, bytes):
+            return None
         try:
-            with open(os.path.join(self.remote_dir, "deployed.json"), "rb") as f:
-                return decode(Deployed, json.loads(f.read(65536)))
-        except (OSError, ValueError, RecursionError, Invalid):
+            return decode(Deployed, json.loads(raw))
+        except (ValueError, RecursionError, Invalid):
             return None
 
     def log(self, level: str, message: str) -> None:

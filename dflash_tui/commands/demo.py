@@ -20,6 +20,7 @@ from dflash_tui.commands.subcommand import Subcommand
 from dflash_tui.commands.watch import monitor
 from dflash_tui.targets import Target, resolve_target
 from trainer.builtins.prebuilt import CHECKOUT_DIR, PREBUILT_ENV
+from trainer.contract.typed import read_bounded
 
 if TYPE_CHECKING:
     from dflash_tui.link.link import Link
@@ -49,9 +50,10 @@ def deployed_here(remote: Path) -> str | None:
     from dflash_tui.control import TRAINER_DIR
     from trainer.contract.codehash import code_hash
 
+    raw = read_bounded(remote / "deployed.json", 65536)  # a FIFO there would block the demo
     try:
-        sha = json.loads((remote / "deployed.json").read_text())["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+        sha = json.loads(raw)["sha256"] if isinstance(raw, bytes) else None
+    except (ValueError, RecursionError, KeyError, TypeError):
         return None
     if not isinstance(sha, str) or sha != code_hash(TRAINER_DIR):
         return None

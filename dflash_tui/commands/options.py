@@ -141,7 +141,8 @@ def add_json(p: argparse.ArgumentParser) -> None:
 def target_from(args: argparse.Namespace, text: str | None) -> Target:
     """The target, its ssh config checked up front: a config that would turn host-key
     checking off is refused here, in one line, exit 2 (link/hostkeys.py)."""
-    from dflash_tui.link.hostkeys import host_key_policy, known_hosts
+    from dflash_tui.link.hostkeys import config_paths, host_key_policy, known_hosts
+    from dflash_tui.link.transport import identity_path
     from dflash_tui.targets import group_names
     from trainer.contract.textfile import TextFileError
 
@@ -161,6 +162,9 @@ def target_from(args: argparse.Namespace, text: str | None) -> Target:
         known_hosts=args.known_hosts,
         check_host_key=not args.insecure_no_host_key_check,
     )
+    if target.kind == "ssh":  # the files asyncssh will read: bad input, not a hang
+        config_paths()
+        identity_path(target)
     if target.kind == "ssh" and target.check_host_key:
         try:  # the known_hosts files read now: one that is not text is bad input, exit 2
             known_hosts(host_key_policy(target))

@@ -46,6 +46,7 @@ _NO_FILE = {"none", "/dev/null"}
 _OFF = {"no", "off", "false"}
 OPT_OUT = "--insecure-no-host-key-check"
 MAX_KNOWN_HOSTS_BYTES = 16 << 20  # thousands of hosts; a larger file is a mistake
+MAX_SSH_CONFIG_BYTES = 1 << 20  # hundreds of hosts
 
 
 class HostKeyConfigError(TargetError):
@@ -61,9 +62,18 @@ class HostKeyPolicy:
 
 
 def config_paths() -> list[Path]:
-    """The client config asyncssh reads by default: ~/.ssh/config, when readable."""
+    """The client config asyncssh reads by default: ~/.ssh/config, when readable (as
+    asyncssh decides). Checked first, since asyncssh opens it and reads it by lines: a FIFO
+    there would block the connection, /dev/zero never end. One that is not UTF-8 text of a
+    regular file within the cap is refused in one line (TargetError)."""
     path = Path("~", ".ssh", "config").expanduser()
-    return [path] if os.access(path, os.R_OK) else []
+    if not os.access(path, os.R_OK):
+        return []
+    try:
+        read_text_file(path, f"ssh config {path}", MAX_SSH_CONFIG_BYTES)
+    except TextFileError as e:
+        raise TargetError(str(e)) from None
+    return [path]
 
 
 def _host_config(target: Target, paths: list[Path]) -> tuple[dict[str, list[str]], dict[str, str]]:

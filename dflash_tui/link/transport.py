@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from dflash_tui.link.bundle import agent_blob
 from dflash_tui.link.hostkeys import (
     OPT_OUT,
+    config_paths,
     host_key_policy,
     known_hosts,
     make_client,
@@ -25,9 +26,11 @@ from dflash_tui.link.hostkeys import (
     record_host_key,
 )
 from dflash_tui.targets import Target, TargetError
+from trainer.contract.textfile import TextFileError, read_text_file
 
 # Reads the agent's length-prefixed source from stdin and runs it as __main__; the same
 # stdin then carries the commands.
+MAX_IDENTITY_BYTES = 64 << 10  # an OpenSSH private key is a few KiB
 BOOTSTRAP = (
     "import sys;n=int(sys.stdin.buffer.readline());"
     "exec(compile(sys.stdin.buffer.read(n),'dflash_agent','exec'))"
@@ -182,6 +185,20 @@ class _SshAgent:
             await asyncio.wait_for(self.proc.wait_closed(), 5)
 
 
+def identity_path(target: Target) -> str | None:
+    """The target's private key file (None: it names none), checked before asyncssh reads it
+    whole: a FIFO there would block the connection, /dev/zero never end. Not a regular text
+    file within the cap: one TargetError line naming it."""
+    if not target.identity:
+        return None
+    path = os.path.expanduser(target.identity)
+    try:
+        read_text_file(path, f"identity {path}", MAX_IDENTITY_BYTES)
+    except TextFileError as e:
+        raise TargetError(str(e)) from None
+    return path
+
+
 class SshTransport:
     """One asyncssh connection; the agent runs in one channel of it.
 
@@ -221,9 +238,17 @@ class SshTransport:
             options["port"] = t.port
         if t.user:
             options["username"] = t.user
-        if t.identity:
-            options["client_keys"] = [os.path.expanduser(t.identity)]
         where = self.describe()
+        try:
+            identity = identity_path(t)
+        except TargetError as e:
+            raise ConnectError(str(e), fatal=True) from None
+        if identity is not None:
+            options["client_keys"] = [identity]
+        try:  # given, not left to asyncssh's default: read only once checked (a FIFO blocks)
+            options["config"] = config_paths()
+        except TargetError as e:
+            raise ConnectError(str(e), fatal=True) from None
         made: list[Any] = []
         files = ""  # the known_hosts files, named when a key is not accepted
         if t.check_host_key:

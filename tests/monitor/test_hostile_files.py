@@ -1,5 +1,6 @@
 """Hostile files in the slots a user names (issue 33): the trainer's `--config`, `dflash-tui
-launch --config`, the monitor's own config.toml and `--known-hosts`. Whatever stands there
+launch --config`, the monitor's own config.toml, `--known-hosts`, ~/.ssh/config,
+`--identity`, and the TUI's settings.json and user theme files. Whatever stands there
 (bytes, TOML of any types, a folder, a FIFO, a device, a file past the cap, a symlink to any
 of these) is read or refused in one line naming the file or key; never a traceback, never a
 hang, never an unbounded read.
@@ -16,17 +17,20 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from file_states import FILE_STATES, absent, make, regular_text
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from dflash_tui import themes
 from dflash_tui.control import ControlError, read_config
 from dflash_tui.diagnosis.config import config_for
 from dflash_tui.link.hostkeys import host_key_policy, known_hosts
+from dflash_tui.link.transport import identity_path
 from dflash_tui.targets import Target, TargetError, load_groups, resolve_target
 from trainer.config import ConfigError, load_config
 from trainer.contract.textfile import TextFileError
@@ -53,12 +57,9 @@ def within(seconds: int) -> Iterator[None]:
 
 
 def fresh(tmp_path: Path, name: str) -> Path:
-    """An empty folder per example (examples share the test's tmp_path)."""
-    n = 0
-    while (tmp_path / f"ex{n}").exists():
-        n += 1
-    (tmp_path / f"ex{n}").mkdir()
-    return tmp_path / f"ex{n}" / name
+    """An empty folder per example (examples share the test's tmp_path); made in one call,
+    not by counting the ones before (10,000 examples in the bench)."""
+    return Path(tempfile.mkdtemp(prefix="ex", dir=tmp_path)) / name
 
 
 def one_line(message: str) -> str:
@@ -204,3 +205,138 @@ def test_known_hosts_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tu
         assert one_line(str(e)) and str(path) in str(e), e
     else:
         assert regular_text(state) or absent(state), state
+
+
+@contextlib.contextmanager
+def env(name: str, value: Path) -> Iterator[None]:
+    """`name` set for one example (hypothesis runs many inside one test's monkeypatch)."""
+    old = os.environ.get(name)
+    os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+SSH_LINES = st.sampled_from([
+    "Host *", "Host 127.0.0.1", "Match all", "  Port 2222", "StrictHostKeyChecking accept-new",
+    "StrictHostKeyChecking no", "StrictHostKeyChecking", "UserKnownHostsFile none",
+    "UserKnownHostsFile /dev/null", "UserKnownHostsFile ~/kh ~/kh2", "GlobalKnownHostsFile none",
+    "IdentityFile ~/.ssh/id", "Port notaport", "ProxyJump a,b", "Hostname %h.x", "\t", "=",
+])  # fmt: skip
+SSH_CONFIGS = st.lists(SSH_LINES | st.text(max_size=40), max_size=6).map("\n".join)
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@example(state=("fifo",))  # blocked asyncssh's open: every ssh command hung
+@example(state=("device", "/dev/zero"))  # read by lines without end
+@given(state=FILE_STATES | st.tuples(st.just("toml"), SSH_CONFIGS))
+def test_ssh_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """~/.ssh/config as every ssh command reads it before connecting (options.target_from):
+    the file checked, then the host-key options asyncssh's parser finds for the host."""
+    ssh = fresh(tmp_path, ".ssh")
+    ssh.mkdir()
+    path = ssh / "config"
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", port=2222)
+    with env("HOME", ssh.parent):
+        try:
+            with within(10):
+                host_key_policy(target)
+        except TargetError as e:
+            line = one_line(str(e))
+            if not regular_text(state):
+                assert str(path) in line, line
+        else:
+            assert regular_text(state) or absent(state), state
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+@example(state=("fifo",))  # asyncssh read it whole: the connection hung
+@given(state=FILE_STATES)
+def test_identity_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
+    """`--identity FILE` (or a target's `identity`), checked before asyncssh reads the key."""
+    path = fresh(tmp_path, "id_key")
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", identity=str(path))
+    try:
+        with within(10):
+            assert identity_path(target) == str(path)
+    except TargetError as e:
+        assert str(path) in one_line(str(e)), e
+    else:
+        assert regular_text(state), state
+
+
+THEME_LINES = st.sampled_from([
+    "$primary: #5fafff;", "$primary: notacolour;", "$primary: ;", "$background: #000;",
+    "$dark: false;", "$dark: maybe;", "$bogus: #fff;", "/* a comment", "*/", "$primary: rgb(1,2);",
+])  # fmt: skip
+THEME_TEXTS = st.lists(THEME_LINES | st.text(max_size=30), max_size=6).map("\n".join)
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
+# Each a traceback or a hang before: a colour Textual cannot parse, a folder named
+# mine.tcss, a FIFO at settings.json (the start blocked) or at the theme file.
+@example(remembered=("missing",), theme=("toml", "$primary: notacolour;"))
+@example(remembered=("missing",), theme=("folder",))
+@example(remembered=("fifo",), theme=("fifo",))
+@example(remembered=("folder",), theme=("missing",))
+@given(
+    remembered=FILE_STATES,
+    theme=FILE_STATES | st.tuples(st.just("toml"), THEME_TEXTS),
+)
+def test_theme_slots_read_or_refuse_in_one_line(
+    tmp_path: Path, remembered: tuple, theme: tuple
+) -> None:
+    """The TUI's own files as it starts (the real app built, not run) and as `t` switches
+    theme: settings.json, a preference, read as none when it is not a JSON object; a user
+    theme file, read or refused in one line naming it (exit 2 at the CLI)."""
+    from dflash_tui.app import DFlashApp
+
+    xdg = fresh(tmp_path, "xdg")
+    folder = xdg / "dflash-tui"
+    (folder / "themes").mkdir(parents=True)
+    make(remembered, folder / "settings.json")
+    mine = folder / "themes" / "mine.tcss"
+    make(theme, mine)
+    with env("XDG_CONFIG_HOME", xdg), within(10):
+        saved = themes.remembered_theme()
+        assert saved is None or isinstance(saved, str)
+        try:
+            app = DFlashApp(Target(name="local", kind="local"), connect=False)
+        except themes.ThemeError as e:
+            assert str(mine) in one_line(str(e)), e
+            assert theme != ("missing",), e
+        else:
+            if "mine" in app.theme_specs:
+                assert regular_text(theme), theme
+        not_kept = themes.remember_theme("dark")
+        if not_kept is None:
+            assert themes.remembered_theme() == "dark"
+        else:
+            assert str(folder / "settings.json") in one_line(not_kept)
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+@pytest.mark.parametrize("kind", ["fifo", "folder", "/dev/zero"])
+def test_an_ssh_config_that_is_no_file_is_one_line_exit_2(tmp_path: Path, kind: str, insecure):
+    """Through the CLI, checked or not: a FIFO at ~/.ssh/config blocked every ssh command
+    (asyncssh opened it), /dev/zero never ended."""
+    state = ("device", kind) if kind.startswith("/dev/") else (kind,)
+    (tmp_path / ".ssh").mkdir()
+    make(state, tmp_path / ".ssh" / "config")
+    flags = ["--insecure-no-host-key-check"] if insecure else []
+    r = run(["-m", "dflash_tui", "runs", "ssh://127.0.0.1:9", *flags], {"HOME": str(tmp_path)})
+    line = the_one_line(r, tmp_path / ".ssh" / "config")
+    assert "not a regular file" in line, line
+
+
+def test_an_identity_that_is_a_fifo_is_one_line_exit_2(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "key")
+    r = run(["-m", "dflash_tui", "runs", "ssh://127.0.0.1:9", "--identity", str(tmp_path / "key")],
+            {"HOME": str(tmp_path)})  # fmt: skip
+    assert "a FIFO, not a regular file" in the_one_line(r, tmp_path / "key")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from monitor_helpers import Remote, piped_env
 from test_agent import AgentProcess
@@ -45,7 +45,12 @@ GOOD = "20261201-000000-good-0001"
 # agent follows (named once in its log), and ones nothing of the monitor reads (it lists on).
 LISTED = ("launch.json", "heartbeat.json", "config.json", "exit.json", "metrics.jsonl", "train.log")
 FOLLOWED_NAMED = ("train.log", "metrics.jsonl", "launch.log", "telemetry.jsonl")
-ELSEWHERE = ("eval/step-00000100.json", "checkpoints/step-00000366.json")
+# Read only on request: the config a restart relaunches, a rank's heartbeat (processes mode),
+# faulthandler's stack dump, an eval result, a checkpoint's record.
+ELSEWHERE = (
+    "launch-config.toml", "heartbeat-rank0.json", "stacks-sigusr2.txt",
+    "eval/step-00000100.json", "checkpoints/step-00000366.json",
+)  # fmt: skip
 PLACES = (*LISTED, "launch.log", "telemetry.jsonl", *ELSEWHERE)
 
 
@@ -135,6 +140,55 @@ def test_a_non_file_where_a_run_file_should_be(rig: FileRig, place: str, kind: s
     assert rig.agent.request({"cmd": "ping"}, timeout=5)["ok"]
     assert rig.logs_naming("tick:") == [], "the agent's loop raised"
     assert time.monotonic() - t0 < 20
+
+
+# The agent's own files beside the runs: the launch lock and the record of its holder in the
+# run root, and deployed.json in the remote dir, read at every start (hello).
+AGENT_PLACES = ("runs/.launch.lock", "runs/.active.json", "remote/deployed.json")
+
+
+def stand_in_release(remote: Path) -> None:
+    """`current` as deploy leaves it, enough for launch to reach the lock; a trainer that
+    exits at once (the lock refuses first, so it never runs)."""
+    release = remote / "releases" / ("0" * 16)
+    (release / "trainer").mkdir(parents=True)
+    (release / "trainer" / "__main__.py").write_text("raise SystemExit(3)\n")
+    (remote / "current").symlink_to(release)
+
+
+@settings(**SETTINGS)  # 9 cases: hypothesis stops when it has tried them all
+@example(place="remote/deployed.json", kind="FIFO")  # blocked the agent before its hello
+@given(place=st.sampled_from(AGENT_PLACES), kind=st.sampled_from(["folder", "FIFO", "device"]))
+def test_a_non_file_where_an_agent_file_should_be(
+    tmp_path_factory: pytest.TempPathFactory, place: str, kind: str
+) -> None:
+    """A fresh agent each (it reads these as it starts): it says hello, lists the runs,
+    refuses a launch past a bad lock in one line naming it, and never blocks."""
+    base = tmp_path_factory.mktemp("agent-files")
+    for d in ("runs", "remote"):
+        (base / d).mkdir()
+    shutil.copytree(FIXTURE / RUN_ID, base / "runs" / GOOD)
+    stand_in_release(base / "remote")
+    if kind == "device" and not can_make_devices(base):
+        kind = "FIFO"
+    plant(base / place, kind)
+    agent = AgentProcess(base / "runs", base / "remote", cwd=base)
+    try:
+        hello = agent.wait(lambda e: e["type"] == "hello", 20)
+        assert hello["deployed"] is None, hello
+        runs = agent.runs()
+        assert set(runs) == {GOOD} and runs[GOOD]["unreadable"] == [], runs
+        if place.endswith(".launch.lock"):
+            toml = (ROOT / "trainer" / "configs" / "tiny-cpu.toml").read_text()
+            r = agent.request({"cmd": "launch", "config_toml": toml, "start_timeout_s": 5})
+            assert not r["ok"] and str(base / place) in r["error"], r
+            assert "\n" not in r["error"] and "Traceback" not in r["error"], r
+            made = {p.name for p in (base / "runs").iterdir()} - {GOOD, ".launch.lock"}
+            assert made == set(), made  # no run dir made
+        assert agent.request({"cmd": "ping"}, timeout=5)["ok"]
+        assert [e for e in agent.seen if e["type"] == "log" and "tick:" in e["message"]] == []
+    finally:
+        agent.close()
 
 
 def test_every_run_lists_through_the_cli_with_its_bad_file_named(tmp_path: Path) -> None:

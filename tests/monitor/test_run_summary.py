@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -91,3 +92,30 @@ def test_an_ended_run_shows_its_summary_in_place_of_the_live_views(local_target:
     )
     (root / FINISHED / "exit.json").unlink()
     assert quit_words(local_target, "latest").startswith("demo: the run goes on until it finishes")
+
+
+def test_a_step_no_run_could_reach_is_bounded_in_the_summary(local_target: Target):
+    """Found by the reliability bench (2026-12-07): an ended run whose heartbeat and exit
+    record said step 10**400 printed all 401 digits in the summary's steps row."""
+    root = Path(local_target.effective_run_root)
+    root.mkdir(parents=True)
+    shutil.copytree(RECORDED, root / FINISHED)
+    for name in ("heartbeat.json", "exit.json"):
+        data = json.loads((root / FINISHED / name).read_text())
+        data["step"] = 10**400
+        (root / FINISHED / name).write_text(json.dumps(data))
+
+    async def go() -> str:
+        app = DFlashApp(local_target, theme_name="dark")
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(300):
+                await pilot.pause(0.1)
+                if app.store.outcome() is not None and app.store.current_run():
+                    break
+            await pilot.pause(0.3)
+            assert app.screen.query_one("#summary-box").display
+            return plain(app.screen.query_one("#summary"))
+
+    summary = asyncio.run(go())
+    assert "steps      >1e12 (implausible) of 40" in summary, summary
+    assert not re.search(r"\d{16,}", summary), summary
