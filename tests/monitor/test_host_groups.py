@@ -84,10 +84,18 @@ def test_launch_status_kill_and_restart_a_job_over_two_hosts(sshd, tmp_path):
         assert job["group"] == "pair" and job["run_id"] == run_id, st.stdout[:2000]
         assert [(h["host"], h["node"]) for h in job["hosts"]] == [("gpu-a", 0), ("gpu-b", 1)]
         ranks = {
-            h["host"]: sorted(x["rank"] for x in h["snapshot"]["state"]["ranks"])
+            (h["host"], relayed): sorted(
+                x["rank"]
+                for x in h["snapshot"]["state"]["ranks"]
+                if bool(x.get("relayed")) == relayed
+            )
             for h in job["hosts"]
+            for relayed in (False, True)
         }
-        assert ranks == {"gpu-a": [0, 1], "gpu-b": [2, 3]}, ranks
+        assert ranks[("gpu-a", False)] == [0, 1] and ranks[("gpu-b", False)] == [2, 3], ranks
+        # The writer's host also lists the other host's ranks as they reached it (rank_relay):
+        # those that have by now, and no others.
+        assert set(ranks[("gpu-a", True)]) <= {2, 3} and ranks[("gpu-b", True)] == [], ranks
         text = cli("status", "pair", env=env).stdout
         assert "=== pair: gpu-a node 0 ===" in text and "=== pair: gpu-b node 1 ===" in text
         node1 = text.split("=== pair: gpu-b node 1 ===")[1]

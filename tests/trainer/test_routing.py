@@ -63,7 +63,8 @@ def test_shared_trains_past_a_hung_target_and_resumes_at_the_lowest_untrained_ba
     """target-1 hangs inside its forward of its 2nd batch (the batch it holds is never
     trained): under shared routing target-0 feeds both replicas on, so the run keeps
     stepping (fixed would wait for target-1 for ever). Every checkpoint's position is the
-    held batch, the batches trained beyond it counted (`ahead`), and batches + ahead is
+    lowest batch not yet trained (from the hang on, the held one), the batches trained
+    beyond it counted (`ahead`), and batches + ahead is
     every batch trained (steps × D). The resume starts there, says how many it trains
     again, and finishes."""
     cut = start_trainer(
@@ -75,7 +76,7 @@ def test_shared_trains_past_a_hung_target_and_resumes_at_the_lowest_untrained_ba
         env={"DFLASH_FAULT": "hang:target-1:1"},
         root=tmp_path / "cut",
     )
-    cut.wait_step(9, timeout=180)
+    cut.wait_step(12, timeout=240)
     cut.signal(signal.SIGTERM)
     assert cut.wait(timeout=120) == 0, cut.read("train.log")[-3000:]
     hb = cut.heartbeat()
@@ -83,9 +84,12 @@ def test_shared_trains_past_a_hung_target_and_resumes_at_the_lowest_untrained_ba
     assert hb["queues"]["routing"] == "shared"
     assert len(hb["queues"]["q_pre"]) == 1 and len(hb["queues"]["q_hs"]) == 1
     positions = _positions(cut.run_dir)
-    assert len(positions) >= 3, positions
-    held = {p["batches"] for p in positions.values()}
-    assert len(held) == 1, positions  # the hung target's batch: the lowest never trained
+    assert len(positions) >= 4, positions
+    # The lowest batch never trained only moves on: on a loaded host target-1's first batch
+    # may itself take a few steps before its second, the one it hangs in, is held for ever.
+    held = [p["batches"] for _, p in sorted(positions.items())]
+    assert held == sorted(held), positions
+    assert held[-1] == held[-2], positions  # the hung target's batch, still not trained
     for step, p in positions.items():
         assert p["step"] == step
         assert p["batches"] + p["ahead"] == step * D, p  # every batch trained, counted once
