@@ -232,7 +232,9 @@ def restart(agent: AgentState, cmd: Restart) -> dict[str, Any]:
         config_toml = None
     if not isinstance(record, LaunchRecord) or config_toml is None:
         raise CommandError(f"run {run_id} was not launched by dflash-tui: nothing to restart from")
-    if cmd.overrides is None:  # its own again: refused, nothing stopped, if it died of one
+    # Its own again: refused, nothing stopped, if it died of one. Not for more steps: a run
+    # that never trained has no checkpoint to continue, the refusal that says so follows.
+    if cmd.overrides is None and not cmd.more_steps:
         refuse_reused(run_id, run_dir, list(record.overrides))
     progress = _progress(agent, cmd)
     release = None if cmd.release is None else _checked_release(agent, cmd.release, progress)

@@ -88,9 +88,16 @@ def test_restart_of_a_run_with_bad_overrides_says_them_and_exits_2(
     run_id = lines[0].split(":")[0].removeprefix("run ")
     assert [ln.removeprefix(f"run {run_id}: ") for ln in lines] == SAID[1:]
 
+    # A plain restart reuses them: refused on the host before anything is launched, a line
+    # per bad override (train.log's closing error lines), each with the --drop to use.
     where = ["local", "--remote-dir", local_target.remote_dir]
     again = cli("restart", *where, "--run", run_id)
     assert again.returncode == 2, again.stderr
     lines = said(again.stderr, "dflash-tui: ")
-    assert len(lines) == 2 and lines[0].startswith("run ") and run_id not in lines[0]
-    assert [ln.split(": ", 1)[1] for ln in lines] == SAID[1:]
+    assert len(lines) == 2, again.stderr
+    for line, bad, rule in zip(lines, BAD[1:3], SAID[1:], strict=True):
+        key = bad.split("=")[0]
+        assert line == (
+            f"restart: {run_id} died before its first step of --set {bad} ({rule}); "
+            f"as it was it dies again: restart --drop {key} (or --set {key}=VALUE)"
+        ), line
