@@ -36,6 +36,10 @@
 #             by the FP8 one: `python -m trainer eval --set target.dtype=fp8` (issue 31)
 #   packed-forward  gpu_bench's target sections: the 8B target's forward on one unpacked and
 #             on packed rows of the bundled data, eager and compiled as launch compiles it
+#   routing53 issue 33: the 8B config with 5 targets and 3 drafters on cuda:0, fixed routing
+#             then shared (runtime.routing): tok/s, each thread's waits, the queues status shows
+#   processes the 8B config in processes mode alone (1 target + 1 drafter rank on cuda:0),
+#             through launch: tok/s against the 12.6K of 12-03 (issue 34)
 #   tiny      this script's own check on any machine (the CPU demo config, packed and not)
 # Usage (on the GPU machine, repo root): bench/gpu_workloads.sh OUT PART...
 # Wheels the machine lacks (textual, asyncssh, fla) come from .whl/ (carried).
@@ -80,7 +84,8 @@ launch_and_measure() {  # NAME CONFIG SETTLE_S MEASURE_S [--set k=v ...]
   local t_start; t_start=$(date +%s)
   sleep "$measure"
   "${cli[@]}" status "${where[@]}" --json > "$out/status-$name.json" 2>/dev/null
-  "${cli[@]}" status "${where[@]}" 2>&1 | tail -2 | tee -a "$log"
+  "${cli[@]}" status "${where[@]}" > "$out/status-$name.txt" 2>&1
+  tail -2 "$out/status-$name.txt" | tee -a "$log"
   gpu_memory "$name"
   local run_dir; run_dir=$(ls -td "$remote"/runs/*/ | head -1)
   echo "$run_dir" >> "$work/measured-runs.txt"
@@ -179,6 +184,29 @@ if t.get("tok_s") and p.get("tok_s"):
     print(f"RATIO processes/threads = {p['tok_s'] / t['tok_s']:.3f} ({p['tok_s']:.0f} / {t['tok_s']:.0f} tok/s)")
 EOF
       ;;
+    routing53)
+      say "build the 8B-shaped target"
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      lay=(--set 'runtime.targets=["cuda:0","cuda:0","cuda:0","cuda:0","cuda:0"]'
+           --set 'runtime.drafters=["cuda:0","cuda:0","cuda:0"]')
+      for routing in fixed shared; do
+        launch_and_measure "53-$routing" trainer/configs/qwen3-8b-h200.toml "${SETTLE:-10}" \
+          "${MEASURE:-30}" "${lay[@]}" --set "runtime.routing=$routing"
+        python3 - "$out/status-53-$routing.json" <<'EOF' | tee -a "$log"
+import json, sys
+s = json.load(open(sys.argv[1]))["state"]
+print("queues", json.dumps(s.get("queues")))
+for t in s.get("stages") or []:
+    waits = {x["stage"]: round(x["ms"], 1) for x in t["stages"] if x["wait"]}
+    print(f"  {t['thread']}: period {t['period_ms']:.0f} ms, waits {waits}")
+EOF
+      done ;;
+    processes)
+      [[ -d /tmp/qwen3-8b-random ]] || python3 bench/make_bench_target.py /tmp/qwen3-8b-random 2>&1 | tail -1
+      [[ -d $remote/current ]] || "${cli[@]}" deploy "${where[@]}" 2>&1 | tail -1 | tee -a "$log"
+      launch_and_measure processes trainer/configs/qwen3-8b-h200.toml "${SETTLE:-10}" \
+        "${MEASURE:-30}" --set runtime.mode=processes ;;
     hybrid)
       say "hybrid target forward, with and without fla"
       for fla in with without; do

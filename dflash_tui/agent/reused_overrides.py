@@ -48,7 +48,9 @@ def died_of(run_dir: str, overrides: list[str]) -> list[str]:
 
 def _closing_errors(run_dir: str) -> list[str]:
     """The `error:` lines train.log ends with: the trainer refuses bad overrides a line
-    each (trainer/config.py OverrideErrors), so the last line alone names only one."""
+    each (trainer/config.py OverrideErrors), so the last line alone names only one. Only
+    train.log: the wrapper opens it before the trainer starts (agent/wrap.py) and gives it
+    the trainer's stdout and stderr, so launch.log never holds the trainer's own words."""
     lines = tail_or_empty(run_dir, TRAIN_LOG, LOG_TAIL_BYTES).splitlines()
     closing: list[str] = []
     for raw in reversed(lines):

@@ -196,18 +196,11 @@ class RemoteEval(EvalHandoff):
             t0 = time.monotonic()
             if self._off or not self._thread.is_alive():
                 return  # said once, when it went off
-            if self._busy or self._buffer is None:
-                self.info.skipped += 1
-                busy = self.info.running_step
-                self.log(f"eval: step {step} skipped (the eval of step {busy} is still running)")
-                self._publish_locked()
+            if self._skipped(step, ready=self._buffer is not None) or self._buffer is None:
                 return
             self._ready = self._snapshot(primary, self._buffer)
             self._busy, self._job = True, (step, train_acc)
-            self.info.running_step = step
-            self.info.snapshot_s += time.monotonic() - t0
-            self._idle.notify_all()
-            self._publish_locked()
+            self._started(step, t0)
 
     @torch.no_grad()
     def _snapshot(self, primary: DFlashDrafter, buffer: Tensor) -> Any:

@@ -294,7 +294,7 @@ class DrafterRankPipeline(_RankPipeline):
         dev = self.run.drafter_devices[0]
         n_stats = len(STAT_NAMES)
         sums = torch.zeros(1 + n_stats + 4, dtype=torch.float64, device=dev)
-        sums[0] = out.loss.detach().double()
+        sums[0] = out.loss.detach().double() * self.out_tokens[r]  # token-weighted, as threads
         sums[1 : 1 + n_stats] = out.stats.detach().double()
         sums[1 + n_stats] = float(self.out_tokens[r])
         sums[2 + n_stats] = float(self.out_slots[r])
@@ -309,7 +309,7 @@ class DrafterRankPipeline(_RankPipeline):
             dist.all_reduce(sums, group=self.job.drafters)
             dist.all_reduce(depths, op=dist.ReduceOp.MAX, group=self.job.drafters)
         sums, depths = sums.to(dev), depths.cpu()
-        loss = (sums[0] / self.D).to(out.loss.dtype)
+        loss = (sums[0] / sums[1 + n_stats].clamp(min=1)).to(out.loss.dtype)
         stats = sums[1 : 1 + n_stats].to(out.stats.dtype)
         self.outs = [LossOutput(loss=loss, stats=stats)] + [None] * (self.D - 1)
         self.out_tokens = [int(sums[1 + n_stats])] + [0] * (self.D - 1)

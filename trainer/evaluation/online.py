@@ -76,6 +76,32 @@ class EvalHandoff:
         self._closed = False
         self._thread = threading.Thread(target=run, name=name, daemon=True)
 
+    # Each kind sets these: its EvalInfo, its log, whether an eval runs, its publish.
+    info: EvalInfo
+    log: Callable[[str], None]
+    _busy: bool
+
+    def _publish_locked(self) -> None:
+        raise NotImplementedError
+
+    def _skipped(self, step: int, ready: bool) -> bool:
+        """Under the lock, in `offer`: an eval still runs (or the eval end is not `ready`),
+        so step `step`'s is skipped, counted and said; True then."""
+        if ready and not self._busy:
+            return False
+        self.info.skipped += 1
+        busy = self.info.running_step
+        self.log(f"eval: step {step} skipped (the eval of step {busy} is still running)")
+        self._publish_locked()
+        return True
+
+    def _started(self, step: int, t0: float) -> None:
+        """Under the lock, in `offer`: step `step`'s weights are handed over (since `t0`)."""
+        self.info.running_step = step
+        self.info.snapshot_s += time.monotonic() - t0
+        self._idle.notify_all()
+        self._publish_locked()
+
     def take_result(self) -> EvalResult | None:
         """The result finished since the last call (the metrics row carries it)."""
         with self._lock:
@@ -152,19 +178,12 @@ class OnlineEval(EvalHandoff):
             t0 = time.monotonic()
             if not self._thread.is_alive():
                 return  # it never started, or could not build its target: said once, then
-            if self._busy or self._drafter is None:
-                self.info.skipped += 1
-                busy = self.info.running_step
-                self.log(f"eval: step {step} skipped (the eval of step {busy} is still running)")
-                self._publish_locked()
+            if self._skipped(step, ready=self._drafter is not None):
                 return
             ready = self._copy_weights(primary)
             self._busy = True
             self._job = _Job(step, train_acc, ready)
-            self.info.running_step = step
-            self.info.snapshot_s += time.monotonic() - t0
-            self._idle.notify_all()
-            self._publish_locked()
+            self._started(step, t0)
 
     @torch.no_grad()
     def _copy_weights(self, primary: DFlashDrafter) -> Any:

@@ -54,8 +54,8 @@ class DrafterReplicas:
         """Replica 0's .grad becomes the token-weighted mean over replicas,
         Σ_r tokens_r ∇L_r / Σ_r tokens_r: each replica's loss is a mean over its own batch,
         so a short batch would otherwise count as much as a long one. Scaled, then summed
-        in replica order, then divided: the same operations as processes mode's all-reduce
-        (trainer/distributed/pipeline.py `_reduce_over_drafters`), so the two agree."""
+        in replica order, then divided: the same operations as processes mode's DDP comm hook
+        (trainer/distributed/replica_sync.py), so the two agree."""
         n = len(self.models)
         if n == 1:
             return

@@ -488,7 +488,8 @@ class Pipeline:
             self.profile.after_step(p.step)
         if p.step == self.s0 + 1:
             self.state.set_phase(TRAINING)
-        self._window.add([o for o in self.outs if o is not None], tokens, slots, grad_norm)
+        done = [(o, t) for o, t in zip(self.outs, self.out_tokens, strict=True) if o is not None]
+        self._window.add(done, slots, grad_norm)
         self.outs = [None] * self.D
         last = p.step >= run.total_steps
         if p.step % cfg.train.log_every == 0 or last:
@@ -638,17 +639,22 @@ class _Window:
         self.grad_norm: Tensor | None = None
 
     def add(
-        self, outs: list[LossOutput], tokens: int, slots: int, grad_norm: Tensor | None
+        self, outs: list[tuple[LossOutput, int]], slots: int, grad_norm: Tensor | None
     ) -> None:
+        """One optimizer step's replicas, each (its loss, its batch's real tokens)."""
         self.steps += 1
         if grad_norm is not None:
             g = grad_norm.detach().float()
             self.grad_norm = g if self.grad_norm is None else torch.maximum(self.grad_norm, g)
+        tokens = sum(t for _, t in outs)
         self.tokens += tokens
         self.slots += slots
         dev = self.pipe.run.drafter_devices[0]
-        loss = sum(o.loss.detach().to(dev) for o in outs) / max(1, len(outs))
-        stats = sum(o.stats.to(dev) for o in outs)
+        # Weighted by tokens, as the gradient is (replicas.average_grads): the loss logged is
+        # the one the step descends, not a short batch's counted as much as a long one's.
+        loss = sum(o.loss.detach().to(dev) * t for o, t in outs) / max(1, tokens)
+        outs_only = [o for o, _ in outs]
+        stats = sum(o.stats.to(dev) for o in outs_only)
         assert isinstance(loss, Tensor) and isinstance(stats, Tensor)
         self.loss = loss if self.loss is None else self.loss + loss
         self.stats = stats if self.stats is None else self.stats + stats
