@@ -638,9 +638,7 @@ class _Window:
         # A running torch.maximum on the device (NaN propagates: a NaN step shows).
         self.grad_norm: Tensor | None = None
 
-    def add(
-        self, outs: list[tuple[LossOutput, int]], slots: int, grad_norm: Tensor | None
-    ) -> None:
+    def add(self, outs: list[tuple[LossOutput, int]], slots: int, grad_norm: Tensor | None) -> None:
         """One optimizer step's replicas, each (its loss, its batch's real tokens)."""
         self.steps += 1
         if grad_norm is not None:
