@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from infra.fixtures import PCT_BIN, FakeGpu  # noqa: E402
+from infra.fixtures import FAKE_NVML, PCT_BIN, FakeGpu  # noqa: E402
 from infra.sshd import SshServer  # noqa: E402
 from infra.tui_cpu import measure as tui_cpu  # noqa: E402
 
@@ -347,6 +347,13 @@ def launch_tiny(target, max_steps: int) -> Path:  # target: dflash_tui.targets.T
     from dflash_tui.control import build_bundle
     from trainer.contract.protocol import Deploy, Launch
 
+    # The host's agents import the release's vendored pynvml before any other: vendor the
+    # fake one, so they sample the 8 fake GPUs through NVML's interface as a real host's
+    # agent does (the real binding finds no NVML library here and falls back to the
+    # `nvidia-smi` stand-in: a Python process started every second, which a host with
+    # NVML never runs).
+    sys.modules.pop("pynvml", None)
+    sys.path.insert(0, str(FAKE_NVML))
     r = Remote(target)
     try:
         r.wait(lambda s: s.hello is not None, 60, "agent up")
