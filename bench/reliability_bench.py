@@ -70,6 +70,9 @@ CLASSES = [
     InputClass("ssh-config-slot", "tests/monitor/test_hostile_files.py::"
                "test_ssh_config_slot_reads_or_refuses_in_one_line",
                "~/.ssh/config file states"),
+    InputClass("ssh-config-includes", "tests/monitor/test_hostile_files.py::"
+               "test_a_file_the_ssh_config_includes_reads_or_refuses_in_one_line",
+               "a file `Include`d by ~/.ssh/config: every file state and config text"),
     InputClass("identity-slot", "tests/monitor/test_hostile_files.py::"
                "test_identity_slot_reads_or_refuses_in_one_line", "`--identity` file states"),
     InputClass("theme-slots", "tests/monitor/test_hostile_files.py::"

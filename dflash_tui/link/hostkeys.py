@@ -30,6 +30,7 @@ connect without checking: explicit, on the command line, for those who mean it.
 from __future__ import annotations
 
 import getpass
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ _OFF = {"no", "off", "false"}
 OPT_OUT = "--insecure-no-host-key-check"
 MAX_KNOWN_HOSTS_BYTES = 16 << 20  # thousands of hosts; a larger file is a mistake
 MAX_SSH_CONFIG_BYTES = 1 << 20  # hundreds of hosts
+MAX_INCLUDE_DEPTH = 16  # files deep; a config that nests further includes itself
 
 
 class HostKeyConfigError(TargetError):
@@ -63,17 +65,41 @@ class HostKeyPolicy:
 
 def config_paths() -> list[Path]:
     """The client config asyncssh reads by default: ~/.ssh/config, when readable (as
-    asyncssh decides). Checked first, since asyncssh opens it and reads it by lines: a FIFO
-    there would block the connection, /dev/zero never end. One that is not UTF-8 text of a
-    regular file within the cap is refused in one line (TargetError)."""
+    asyncssh decides). Checked first, with every file its `Include` lines pull in, since
+    asyncssh opens each and reads it whole: a FIFO there would block the connection,
+    /dev/zero or a sparse 4 GB file never end. One that is not UTF-8 text of a regular file
+    within the cap, or Includes that loop, is refused in one line (TargetError)."""
     path = Path("~", ".ssh", "config").expanduser()
     if not os.access(path, os.R_OK):
         return []
+    _check_config(path, path.parent, [])
+    return [path]
+
+
+def _check_config(path: Path, ssh_dir: Path, chain: list[Path]) -> None:
+    """`path` and, depth first, what its Include lines match, as asyncssh matches them
+    (a relative pattern under ~/.ssh, a glob, regular files only: it skips the rest)."""
+    if path in chain or len(chain) >= MAX_INCLUDE_DEPTH:
+        raise TargetError(f"ssh config {chain[0]}: Include lines loop or nest too deep at {path}")
     try:
-        read_text_file(path, f"ssh config {path}", MAX_SSH_CONFIG_BYTES)
+        text = read_text_file(path, f"ssh config {path}", MAX_SSH_CONFIG_BYTES)
     except TextFileError as e:
         raise TargetError(str(e)) from None
-    return [path]
+    for line in text.splitlines():
+        words = line.strip().replace("=", " ", 1).split()
+        if len(words) < 2 or words[0].lower() != "include":
+            continue
+        for pattern in words[1:]:
+            where = Path(pattern).expanduser()
+            base, glob = ssh_dir, pattern
+            if where.anchor:
+                base, glob = Path(where.anchor), str(Path(*where.parts[1:]))
+            try:
+                matched = sorted(p for p in itertools.islice(base.glob(glob), 256) if p.is_file())
+            except (OSError, ValueError) as e:
+                raise TargetError(f"ssh config {path}: Include {pattern}: {e}") from None
+            for included in matched:
+                _check_config(included, ssh_dir, [*chain, path])
 
 
 def _host_config(target: Target, paths: list[Path]) -> tuple[dict[str, list[str]], dict[str, str]]:

@@ -255,6 +255,48 @@ def test_ssh_config_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tup
 
 
 @settings(suppress_health_check=FIXTURES, deadline=None)
+@example(state=("toml", "Include ~/.ssh/config"))  # asyncssh recursed without end
+@given(state=FILE_STATES | st.tuples(st.just("toml"), SSH_CONFIGS))
+def test_a_file_the_ssh_config_includes_reads_or_refuses_in_one_line(
+    tmp_path: Path, state: tuple
+) -> None:
+    """A file ~/.ssh/config pulls in with `Include`: asyncssh reads each regular file it
+    matches whole (a sparse 4 GB file read for minutes into 2 GB of memory) and skips the
+    rest, so the check skips what asyncssh skips and refuses, naming the file, what it
+    would read."""
+    ssh = fresh(tmp_path, ".ssh")
+    ssh.mkdir()
+    (ssh / "config").write_text("Include inc/*\nHost 127.0.0.1\n  Port 2222\n")
+    (ssh / "inc").mkdir()
+    path = ssh / "inc" / "more"
+    make(state, path)
+    target = Target(name="h", kind="ssh", host="127.0.0.1", port=2222)
+    with env("HOME", ssh.parent):
+        try:
+            with within(10):
+                host_key_policy(target)
+        except TargetError as e:
+            line = one_line(str(e))
+            if not regular_text(state):
+                assert str(path) in line, line
+            else:
+                assert "ssh config" in line, line
+        else:
+            assert regular_text(state) or not path.is_file(), state
+
+
+def test_an_included_sparse_4gb_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Through the CLI: the check reads at most its cap of an included file."""
+    (tmp_path / ".ssh").mkdir()
+    big = tmp_path / "big.conf"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)
+    (tmp_path / ".ssh" / "config").write_text(f"Include {big}\n")
+    r = run(["-m", "dflash_tui", "runs", "ssh://127.0.0.1:9"], {"HOME": str(tmp_path)})
+    assert "larger than" in the_one_line(r, big)
+
+
+@settings(suppress_health_check=FIXTURES, deadline=None)
 @example(state=("fifo",))  # asyncssh read it whole: the connection hung
 @given(state=FILE_STATES)
 def test_identity_slot_reads_or_refuses_in_one_line(tmp_path: Path, state: tuple) -> None:
