@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -62,6 +63,11 @@ def main() -> int:
         "examples_per_s": 0.0,
         "done": False,
     }
+    # A SIGTERM (`timeout`, a kill) ends the bench through its `finally`, which stops the
+    # run: left to the default action, the tiny run trained on, unseen, until killed by hand.
+    # KeyboardInterrupt: hypothesis passes it straight on (any other exception it would
+    # try to reproduce, example by example).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     target, _ = start_run(work / "remote")
     live: LiveApp | None = None
     t0 = time.monotonic()
@@ -96,8 +102,11 @@ def main() -> int:
             result["examples_per_s"] = round(result["examples"] / result["seconds"], 2)
             write(args.out, result)
 
-        example()
-        result["done"] = True
+        try:
+            example()
+            result["done"] = True
+        except KeyboardInterrupt:
+            result["stopped_early"] = True  # the counts stand for the examples run
         write(args.out, result)
     finally:
         try:
