@@ -62,6 +62,12 @@ async def fed(pilot, app: DFlashApp, events) -> None:
     # Drawn: the header from the store, the footer once it has laid out its keys (both can
     # take a few frames on a loaded machine).
     await until(pilot, lambda: "step 876" in screen_text(app) and "? help" in screen_text(app))
+    # The panes below can take a few frames more (at 240x60 on a loaded machine the step log
+    # was still empty): on until two frames 0.2 s apart are the same.
+    seen, deadline = "", time.monotonic() + 15
+    while (now := screen_text(app)) != seen and time.monotonic() < deadline:
+        seen = now
+        await pilot.pause(0.2)
 
 
 def line_event(text: str) -> dict:
