@@ -192,7 +192,7 @@ EOF
            --set 'runtime.drafters=["cuda:0","cuda:0","cuda:0"]')
       for routing in fixed shared; do
         launch_and_measure "53-$routing" trainer/configs/qwen3-8b-h200.toml "${SETTLE:-10}" \
-          "${MEASURE:-30}" "${lay[@]}" --set "runtime.routing=$routing"
+          "${MEASURE:-30}" "${lay[@]}" --set "runtime.routing=$routing" ${R53_SET:+--set "$R53_SET"}
         python3 - "$out/status-53-$routing.json" <<'EOF' | tee -a "$log"
 import json, sys
 s = json.load(open(sys.argv[1]))["state"]
