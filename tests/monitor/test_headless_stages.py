@@ -109,7 +109,9 @@ def test_status_says_the_graphs_while_compiling(tmp_path):
         assert state["phase_progress"]["total"] is None
         assert state["stages"] == [] and state["busiest"] is None
     finally:
-        cli("kill", *where, "--timeout", "20")
+        # Clean-up only: the held compile sleeps through SIGTERM, so the kill ends in SIGKILL
+        # at its timeout whatever it is (20 s of nothing, with 20).
+        cli("kill", *where, "--timeout", "2")
 
 
 def test_the_line_keeps_its_width_and_the_finding_before_the_stage():
