@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 from monitor_helpers import NO_WANDB, TINY, cli
+from test_headless_stages import BUSIEST, PIPELINE, heartbeat, timed
+
+from trainer.contract.heartbeat import ROLE_STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,6 +139,37 @@ def test_json_lines_carry_events(running, tmp_path):
     events, kinds = types(out)
     assert kinds == {"event", "snapshot"}
     assert wanted <= events
+
+
+def test_status_carries_each_threads_stages_in_loop_order(running):
+    """The headless view of stage times (test_headless_stages.py's), on this module's run."""
+    where, run_dir = running
+    heartbeat(run_dir, timed, "stage times on every pipeline thread")
+    snap = json.loads(cli("status", *where, "--json").stdout.splitlines()[0])
+    state = snap["state"]
+    rows = {r["thread"]: r for r in state["stages"]}
+    assert set(rows) == PIPELINE
+    for r in state["stages"]:
+        names = [st["stage"] for st in r["stages"]]
+        assert names == [n for n in ROLE_STAGES[r["role"]] if n in names], r
+        assert sum(st["ms"] for st in r["stages"]) == pytest.approx(r["period_ms"], abs=0.01)
+        assert sum(st["share"] for st in r["stages"]) == pytest.approx(1.0, abs=0.01)
+    # Not the heartbeat's order: JSON sorted its keys (forward, mask, transfer, wait …).
+    target = [st["stage"] for st in rows["target-0"]["stages"]]
+    assert target == ["wait q_pre", "forward", "transfer", "mask", "wait q_hs"]
+    assert [st["wait"] for st in rows["target-0"]["stages"]] == [True, False, False, False, True]
+    busiest = state["busiest"]
+    assert busiest["thread"] in PIPELINE and busiest["work_share"] > 0.5
+    assert state["compile"]["warmup_s"] is not None and state["phase_progress"] is None
+
+    r = cli("status", *where)
+    line = r.stdout.splitlines()[0]
+    assert len(line) <= 120, line
+    # A finding's title comes first; this run has none (above). The stage's shortest form
+    # (`P0 build batch`, 14 columns, the longest of them) wherever it has the room: queues
+    # as depth/capacity (`q_pre 8/8 8/8 q_hs 4/8 4/8`) can leave it none on two targets.
+    if " | ! " not in line and len(line) + 3 + 14 <= 120:
+        assert BUSIEST.search(line), line
 
 
 def test_a_crashed_run_is_critical_and_shows_why(tmp_path):

@@ -60,7 +60,8 @@ def restarted_as(stdout: str) -> str:
     return line.split()[2].rstrip(",")
 
 
-@pytest.mark.serial  # two trainer runs
+# Not serial: two short trainer runs through the command line, no time bound (generous
+# timeouts, as in test_continue.py's and test_monitor_cli.py's, which run with the rest).
 def test_restart_drops_or_fixes_the_override_a_run_died_of(remote_factory, local_target, runs_dir):
     r = remote_factory(local_target)
     deploy(r)

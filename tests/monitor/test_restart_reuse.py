@@ -42,7 +42,8 @@ def over_ssh(sshd_factory, pct_bin, tmp_path) -> tuple[list[str], dict[str, str]
     return where, {"HOME": str(home)}, remote / "runs"
 
 
-@pytest.mark.serial  # two trainer runs
+# Not serial: two short trainer runs through the command line, no time bound (generous
+# timeouts, as in test_continue.py's and test_monitor_cli.py's, which run with the rest).
 def test_a_plain_restart_of_a_run_that_died_of_its_override_is_refused(over_ssh):
     where, env, runs_dir = over_ssh
     assert cli("deploy", *where, env=env).returncode == 0

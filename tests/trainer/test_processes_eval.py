@@ -130,6 +130,9 @@ def test_processes_mode_measures_threads_modes_tau_step_for_step(both_modes):
         assert offline[key] == online[key], key
 
 
+# Serial: it reads both_modes, which the serial test above builds alone; in the parallel
+# phase each xdist worker that ran a reader built it again beside other tests (111 s each).
+@pytest.mark.serial
 @pytest.mark.timeout(900)  # both_modes, when this test is the first to ask for it
 def test_status_reads_a_processes_jobs_tau_as_a_threads_runs(both_modes):
     """`dflash-tui status` on the job's run root, through the real agent: the τ the
@@ -149,6 +152,9 @@ def test_status_reads_a_processes_jobs_tau_as_a_threads_runs(both_modes):
     assert f" | τ {eval_record(job, 60)['tau']:.2f}↑ | " in line, line
 
 
+# Serial: it reads both_modes, which the serial test above builds alone; in the parallel
+# phase each xdist worker that ran a reader built it again beside other tests (111 s each).
+@pytest.mark.serial
 @pytest.mark.timeout(900)  # both_modes, when this test is the first to ask for it
 def test_the_tui_shows_a_processes_jobs_tau(both_modes, tmp_path, monkeypatch):
     """The TUI on the job's run root through the real agent: the heartbeat pane's held-out
