@@ -28,12 +28,11 @@ from trainer.contract.protocol import Kill, Launch, SignalProcess
 pytestmark = pytest.mark.serial
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Target, Remote]]:
-    """One live run for both tests: the first signals nothing (every request refused), the
-    second only SIGUSR2 (a dump; the run trains on)."""
-    remote = tmp_path_factory.mktemp("threads") / "remote"
-    target = Target(name="local", kind="local", remote_dir=str(remote), python=sys.executable)
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[Target, Remote]]:
+    target = Target(
+        name="local", kind="local", remote_dir=str(tmp_path / "remote"), python=sys.executable
+    )
     r = Remote(target)
     try:
         deploy(r)
