@@ -242,11 +242,14 @@ def test_control_keys_drive_the_real_run(live_remote):
     async def go():
         app = DFlashApp(target, theme_name="dark")
         async with app.run_test(size=SIZE) as pilot:
-            for _ in range(100):
+            # Up to 60 s: the live run's trainer is still starting on a loaded machine, and a
+            # dump asked for before it trains is refused (no screen opens).
+            for _ in range(600):
                 await pilot.pause(0.1)
                 if app.store.heartbeat and app.store.heartbeat.phase == "training":
                     break
             assert app.store.run_id == run_id
+            assert app.store.heartbeat and app.store.heartbeat.phase == "training"
 
             # d: the dump opens in a scrollable screen
             await pilot.press("d")
