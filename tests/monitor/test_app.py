@@ -244,9 +244,16 @@ def test_control_keys_drive_the_real_run(live_remote):
         async with app.run_test(size=SIZE) as pilot:
             # Up to 60 s: the live run's trainer is still starting on a loaded machine, and a
             # dump asked for before it trains is refused (no screen opens).
+            # And until the agent has said the run is alive (its liveness or runs list): before
+            # that, controls are refused in a toast that is gone by the time this test looks.
+            def live() -> bool:
+                hb = app.store.heartbeat
+                alive = app.store.alive_run is not None or app.store.process_alive() is True
+                return bool(hb and hb.phase == "training" and alive)
+
             for _ in range(600):
                 await pilot.pause(0.1)
-                if app.store.heartbeat and app.store.heartbeat.phase == "training":
+                if live():
                     break
             assert app.store.run_id == run_id
             assert app.store.heartbeat and app.store.heartbeat.phase == "training"
@@ -258,6 +265,8 @@ def test_control_keys_drive_the_real_run(live_remote):
                 # the screen, once composed (its class is there a frame before its body)
                 if app.screen.__class__.__name__ == "TextScreen" and app.screen.query("#body"):
                     break
+            notes = [n.message for n in app._notifications]
+            assert app.screen.query("#body"), (app.screen, app.controls.busy, notes)
             body = plain(app.screen.query_one("#body"))
             assert 'Thread "drafter-0"' in body
             await pilot.press("escape")
