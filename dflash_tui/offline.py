@@ -59,8 +59,12 @@ def control_refusal(s: Store, action: str, now: float | None = None) -> str | No
         return f"{action}: {no_run(s)}"
     # Alive by the runs list, or by the followed run's own liveness (a trainer the agent did
     # not launch: its heartbeat's pid): the agent's rule decides the rest, as it did before.
+    # Refused here only when known dead: in the seconds after attaching, before the runs list
+    # and the liveness have come, the header already says `training`, and a refusal then
+    # would contradict it (the agent proves the pid is the run's before it signals anything).
     alive = s.alive_run is not None or s.process_alive() is True
-    if action in NEEDS_ALIVE_RUN and not alive:
+    unknown = not s.runs_received and s.process_alive() is None
+    if action in NEEDS_ALIVE_RUN and not alive and not unknown:
         if s.run_id is None:
             return f"{action}: {no_run(s)}"
         outcome = s.outcome()

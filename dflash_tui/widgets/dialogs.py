@@ -38,7 +38,9 @@ class TypedConfirm(ModalScreen[str | None]):
             yield Static(safe.text(self.question))  # it names runs and processes by their ids
             if self.what:
                 yield Static(Text(self.what))
-            yield Input(placeholder=self.prompt(), id="word")
+            # The line under it says what to type; the empty input shows only the word(s),
+            # so the instruction is not read twice.
+            yield Input(placeholder=" or ".join(self.words), id="word")
             yield Static(Text(self.prompt() + " · Esc cancels", style="dim"), id="said")
 
     def prompt(self) -> str:
