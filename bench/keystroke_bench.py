@@ -41,6 +41,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=10_000)
     ap.add_argument("--out", type=Path, default=Path("keystroke-bench.json"))
+    ap.add_argument(
+        "--typist-keys",
+        action="store_true",
+        help="wait as Pilot's press does (until the process looks idle) after every key, "
+        "not only until the app has handled it: ~5x slower",
+    )
     args = ap.parse_args()
     if args.examples < 1:
         print(f"--examples {args.examples}: must be 1 or more", file=sys.stderr)
@@ -58,6 +64,8 @@ def main() -> int:
         "requests_from_viewers": 0,
         "confirmed_without_the_word": 0,
         "word_typed_then_cut": 0,
+        "key_wait": "typist (Pilot's press)" if args.typist_keys else "settled (keystrokes.py)",
+        "late_requests": 0,
         "failures": [],
         "seconds": 0.0,
         "examples_per_s": 0.0,
@@ -72,7 +80,12 @@ def main() -> int:
     live: LiveApp | None = None
     t0 = time.monotonic()
     try:
-        live = LiveApp(target)
+        live = LiveApp(target, settled_keys=not args.typist_keys)
+        # The run only has to be alive (its dialogs need it): at the lowest CPU priority it
+        # trains on without taking the app's share of a small machine's cores.
+        procs = live.app.store.procs
+        if procs is not None and procs.pgid:
+            os.setpriority(os.PRIO_PGRP, procs.pgid, 19)
         t0 = time.monotonic()
 
         @settings(
@@ -98,6 +111,8 @@ def main() -> int:
                 result["failures"].append({"where": where, "keys": keys, "sent": sent})
             result["examples"] += 1
             result["keys_sent_at_most"] += len(keys)
+            # A key's request written after its example's window closed (keystrokes.py).
+            result["late_requests"] = len(live.late_requests)
             result["seconds"] = round(time.monotonic() - t0, 1)
             result["examples_per_s"] = round(result["examples"] / result["seconds"], 2)
             write(args.out, result)
@@ -115,7 +130,11 @@ def main() -> int:
         finally:
             stop_run(target)
     print(json.dumps(result, indent=1))
-    bad = result["requests_from_viewers"] + result["confirmed_without_the_word"]
+    bad = (
+        result["requests_from_viewers"]
+        + result["confirmed_without_the_word"]
+        + result["late_requests"]
+    )
     return 1 if bad else 0
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 from monitor_helpers import NO_WANDB, TINY, Remote
+from textual import app as textual_app
 from textual.binding import Binding
 
 from dflash_tui import compare, control, replay_source, run_info
@@ -91,10 +92,25 @@ def stop_run(target: Target) -> None:
 
 
 class LiveApp:
-    def __init__(self, target: Target, size: tuple[int, int] = (120, 40)) -> None:
+    def __init__(
+        self, target: Target, size: tuple[int, int] = (120, 40), settled_keys: bool = False
+    ) -> None:
+        """`settled_keys`: after each key, wait until the app and the screen on top have
+        handled what was queued (three rounds: a key hops from the app to the focused
+        widget and back up to the bindings) instead of Pilot's wait for the whole process
+        to look idle, which sleeps 20 ms twice a key and, beside a live link, often up to
+        1 s. Keys then come faster than a typist's: a key can reach a screen before the one
+        before it has finished pushing or closing another, which can only add requests to
+        the count, never hide one."""
         self.app = DFlashApp(target, theme_name="dark")
         self.size = size
+        self.settled_keys = settled_keys
+        # A request a key started has been written by then (a late one is still counted:
+        # `late_requests`).
+        self.after_keys = 0.02 if settled_keys else 0.1
         self.sent: list[str] = []  # every command the link wrote, but pings
+        self.window_closed_at = 0  # len(self.sent) when the last example's keys were done
+        self.late_requests: list[str] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -115,20 +131,34 @@ class LiveApp:
         self._work: asyncio.Queue[tuple[Awaitable[Any], Future[Any]]] = asyncio.Queue()
         async with self.app.run_test(size=self.size) as pilot:
             self.pilot = pilot
-            self._ready.set()
-            while True:
-                get = asyncio.ensure_future(self._work.get())
-                stop = asyncio.ensure_future(self._stop.wait())
-                await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    break
-                stop.cancel()
-                coro, done = get.result()
-                try:
-                    done.set_result(await coro)
-                except BaseException as e:  # handed back to the caller's thread
-                    done.set_exception(e)
+            pilots_wait = textual_app.wait_for_idle
+            if self.settled_keys:
+                textual_app.wait_for_idle = self._settled  # what Pilot's press waits with
+            try:
+                self._ready.set()
+                await self._serve()
+            finally:
+                textual_app.wait_for_idle = pilots_wait
+
+    async def _serve(self) -> None:
+        while True:
+            get = asyncio.ensure_future(self._work.get())
+            assert self._stop is not None
+            stop = asyncio.ensure_future(self._stop.wait())
+            await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                break
+            stop.cancel()
+            coro, done = get.result()
+            try:
+                done.set_result(await coro)
+            except BaseException as e:  # handed back to the caller's thread
+                done.set_exception(e)
+
+    async def _settled(self, *_: Any, **__: Any) -> None:
+        for _ in range(3):
+            await self.pilot._wait_for_screen()
 
     def call(self, coro: Awaitable[Any], timeout: float = 120) -> Any:
         done: Future[Any] = Future()
@@ -178,12 +208,21 @@ class LiveApp:
         stacks = await control.dump_stacks(app.link)
         app.controls.last_stacks, app.controls.last_stacks_at = stacks, app.clock()
         await self.until(lambda: app.store.runs, "the runs list")
-        return {
+        fetched = {
             "stacks": stacks.text,
             "run info": "\n".join(await run_info.fetch(app.link, app.store, run_id)),
             "replay": await replay_source.fetch(app.link, app.store, run_id),
             "compare": await compare.fetch_runs(app.link, app.store.runs, [run_id, run_id]),
         }
+        self.window_closed_at = len(self.sent)
+        return fetched
+
+    def _late(self) -> None:
+        """Requests written after the last example's window closed (its keys' pause over)
+        and before this example opens its screen: a key's late request, which the
+        per-example counts would miss. Nothing else writes one in that gap: closing a
+        screen or answering a dialog None sends nothing."""
+        self.late_requests += self.sent[self.window_closed_at :]
 
     # -- one example -------------------------------------------------------------------------
     async def to_dashboard(self) -> None:
@@ -237,14 +276,16 @@ class LiveApp:
         """The requests that left the app while `keys` went to the viewer `name` (until
         they closed it: after that they would be the dashboard's)."""
         await self.to_dashboard()
+        self._late()
         await self.open_viewer(name)
         before = len(self.sent)
         for key in keys:
             if len(self.app.screen_stack) == 1:
                 break
             await self.pilot.press(key)
-        await self.pilot.pause(0.1)  # a request a key started has been written by now
+        await self.pilot.pause(self.after_keys)  # a request a key started is written by now
         sent = self.sent[before:]
+        self.window_closed_at = len(self.sent)
         await self.to_dashboard()
         return sent
 
@@ -253,6 +294,7 @@ class LiveApp:
         whether they reached an Enter on the very word that confirms (then cut there:
         that is a confirmation, not a stray key)."""
         await self.to_dashboard()
+        self._late()
         words = {w.lower() for w in await self.open_dialog(name)}
         dialog = self.app.screen
         before = len(self.sent)
@@ -265,7 +307,8 @@ class LiveApp:
                 typed_word = True
                 break
             await self.pilot.press(key)
-        await self.pilot.pause(0.1)
+        await self.pilot.pause(self.after_keys)
         sent = self.sent[before:]
+        self.window_closed_at = len(self.sent)
         await self.to_dashboard()
         return sent, typed_word

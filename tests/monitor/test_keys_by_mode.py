@@ -38,7 +38,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveApp]:
     mp.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
     target, _run_id = start_run(tmp_path_factory.mktemp("keys") / "remote")
     try:
-        app = LiveApp(target)
+        app = LiveApp(target, settled_keys=True)  # the bench's pace too
         try:
             yield app
         finally:
@@ -55,6 +55,7 @@ def test_keystrokes_in_a_viewer_never_send_a_request(live: LiveApp, viewer: str)
     @given(keys=KEYS)
     def prop(keys: list[str]) -> None:
         assert live.call(live.viewer_example(viewer, keys)) == [], keys
+        assert live.late_requests == [], keys
 
     prop()
 
@@ -67,6 +68,7 @@ def test_keystrokes_in_a_dialog_never_confirm_it(live: LiveApp, dialog: str) -> 
     def prop(keys: list[str]) -> None:
         sent, _typed_word = live.call(live.dialog_example(dialog, keys))
         assert sent == [], keys
+        assert live.late_requests == [], keys
 
     prop()
     assert live.app.store.process_alive() is True  # killed by no example
