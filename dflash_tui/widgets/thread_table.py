@@ -109,9 +109,14 @@ def _proc_cells(r: thread_table.ProcRow) -> tuple[Any, ...]:
     )
 
 
+# SIGUSR2's dump is faulthandler's, run in a C signal handler while the other threads go on:
+# it reads their frames as they change, and CPython says it can crash the process then
+# (python/cpython#116008; a tiny run here died of SIGSEGV so, its drafter in AdamW). `d` asks
+# for the named dump first and falls back to SIGUSR2 only when that never comes (stuck).
 SIGNAL_WHAT = (
     "SIGTERM: the trainer stops at its next step and checkpoints · SIGKILL: at once, no "
-    "checkpoint · SIGUSR2: a C-level stack dump (faulthandler); the run goes on"
+    "checkpoint · SIGUSR2: faulthandler's stack dump, for a run stuck in C code; it can "
+    "crash a run that is not stuck (`d` dumps safely)"
 )
 
 

@@ -76,8 +76,9 @@ def test_keystrokes_in_a_dialog_never_confirm_it(live: LiveApp, dialog: str) -> 
 
 @pytest.mark.serial
 def test_the_word_and_enter_confirm_and_nothing_else_does(live: LiveApp) -> None:
-    """The other side: the word typed and Enter does send (the signal, a harmless one), a
-    wrong word and Enter does not; then, the run stopped, the clear-cache dialog."""
+    """The other side: the word typed and Enter does send (the signal: what it does to the
+    run is not under test here, and the next test stops the run anyway), a wrong word and
+    Enter does not."""
     sent, typed = live.call(live.dialog_example("signal", [*"SIGUSR", "enter", "escape"]))
     assert (sent, typed) == ([], False)
     sent, typed = live.call(live.dialog_example("signal", [*"sigusr2"]))
