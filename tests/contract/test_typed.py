@@ -79,3 +79,33 @@ def test_the_heartbeats_queues_as_the_old_crash_had_them():
         decode(Heartbeat, {"schema": 2, "run_id": "r", "pid": 1, "host": "h", "now": 1.0,
                            "phase": "training", "queues": [1]})  # fmt: skip
     assert decode(Queues, {}) == Queues()
+
+
+def test_threads_decoding_a_record_type_for_the_first_time_all_get_it_whole():
+    """Decoders are built once per type, at first use: threads that all use a type for the
+    first time together (the agent's loop and its threads) each get every field."""
+    import threading
+
+    @dataclasses.dataclass
+    class Fresh:  # a type no decode has seen yet
+        a: int
+        b: list[Inner]
+        c: str = "c"
+
+    data = {"a": 1, "b": [{"depth": d} for d in range(50)], "c": "x"}
+    start, got, errors = threading.Barrier(8), [], []
+
+    def one() -> None:
+        start.wait()
+        try:
+            got.append(decode(Fresh, data))
+        except Exception as e:  # a half-built decoder would show here
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(got) == 8
+    assert all(g == Fresh(1, [Inner(d) for d in range(50)], "x") for g in got)
