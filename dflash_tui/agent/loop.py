@@ -306,19 +306,9 @@ class Agent:
             ranks = self.rank_watch
         if run_id is None:
             return
-        for rank, kind, value in ranks.poll() if ranks is not None else []:
-            if kind == "ok":
-                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, data=value))
-            else:
-                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, error=value))
-        if hb is not None:
-            got = hb.poll()
-            if got is not None:
-                kind, value = got
-                if kind == "ok":
-                    self.out.emit(HeartbeatEvent(run_id=run_id, data=value))
-                else:
-                    self.out.emit(HeartbeatError(run_id=run_id, error=value))
+        # The files' new lines first: a step line is what an operator waits on, and reading
+        # and checking a heartbeat (~1 ms) before it was on every line's path that came
+        # with one.
         for name, follower in followers.items():
             refused = follower.refused
             try:
@@ -332,6 +322,19 @@ class Agent:
                 self.out.emit(Truncated(run_id=run_id, file=name, **notice))
             for offset, end, text in lines:
                 self.out.emit(Line(run_id=run_id, file=name, offset=offset, end=end, text=text))
+        if hb is not None:
+            got = hb.poll()
+            if got is not None:
+                kind, value = got
+                if kind == "ok":
+                    self.out.emit(HeartbeatEvent(run_id=run_id, data=value))
+                else:
+                    self.out.emit(HeartbeatError(run_id=run_id, error=value))
+        for rank, kind, value in ranks.poll() if ranks is not None else []:
+            if kind == "ok":
+                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, data=value))
+            else:
+                self.out.emit(RankHeartbeatEvent(run_id=run_id, rank=rank, error=value))
 
     def set_follow(self, run_id: str, offsets: dict[str, int], resumed: bool = False) -> None:
         d = self.runs.run_dir(run_id)
