@@ -27,7 +27,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
 from textual.theme import Theme
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from dflash_tui import run_summary, sanitize, themes
 from dflash_tui.app_control import RunControl
@@ -41,6 +41,7 @@ from dflash_tui.targets import Target
 from dflash_tui.widgets import keys, layout, palette
 from dflash_tui.widgets.alerts import AlertsBox, AlertsPane
 from dflash_tui.widgets.filterbar import FilterBar
+from dflash_tui.widgets.footer import Footer
 from dflash_tui.widgets.gpus import GpuPane
 from dflash_tui.widgets.header import StatusBar
 from dflash_tui.widgets.heartbeat import HeartbeatPane

@@ -6,11 +6,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from dflash_tui import compare
 from dflash_tui.widgets import keys, safe
+from dflash_tui.widgets.footer import Footer
 from dflash_tui.widgets.search import Search, SearchKeys, SearchText
 
 # One colour per run, the same in every plot and in the key.

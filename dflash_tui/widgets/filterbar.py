@@ -20,9 +20,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from dflash_tui.widgets import safe
+from dflash_tui.widgets.footer import Footer
 
 
 class SlashBar(Horizontal):

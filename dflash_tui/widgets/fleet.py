@@ -13,11 +13,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from dflash_tui.fleet import FleetRow
 from dflash_tui.fmt import duration, rate
 from dflash_tui.widgets import safe
+from dflash_tui.widgets.footer import Footer
 
 # (key, label, width): None fits the content; the host's long strings get a fixed width
 COLUMNS: tuple[tuple[str, str, int | None], ...] = (

@@ -20,7 +20,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from dflash_tui import control, thread_table
 from dflash_tui.fmt import duration, size
@@ -28,6 +28,7 @@ from dflash_tui.stages import ms_text
 from dflash_tui.widgets import safe
 from dflash_tui.widgets.dialogs import TypedConfirm
 from dflash_tui.widgets.filterbar import FilterBar
+from dflash_tui.widgets.footer import Footer
 from dflash_tui.widgets.screens import TextScreen
 from trainer.contract.protocol import MAX_PROC_NAME, PROCESS_SIGNALS, ProcInfo
 
