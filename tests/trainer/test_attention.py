@@ -84,8 +84,8 @@ def test_sdpa_path_equals_explicit_softmax_attention():
 
 @pytest.mark.parametrize("query_rows", [1, 6])  # the eval's [B,1,1,KV] mask; a row per query
 def test_grouped_heads_give_sdpas_gqa_output_and_gradients(query_rows):
-    """The grouped layout (what the drafter's dense path runs, so that a GPU never takes
-    SDPA's math kernel for a masked GQA call) against SDPA's own `enable_gqa`."""
+    """The grouped layout (the target's masked verify, targets/grouped_attention.py) against
+    SDPA's own `enable_gqa`, with the drafter's broadcast mask shape and a row per query."""
     torch.manual_seed(2)
     B, Hq, Hkv, Q, KV, D = 2, 8, 2, 6, 11, 8
     q = torch.randn(B, Hq, Q, D, dtype=torch.float64, requires_grad=True)

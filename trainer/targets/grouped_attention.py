@@ -7,9 +7,9 @@ slots), so each of its forwards copied the whole cache, 4x, in every layer: on t
 668 of the graphed eval's 1,924 ms of kernels (8B shape, `bench/eval_bench.py --profile`).
 
 Here the query heads that share a key/value head are laid side by side as one longer query
-(`trainer.model.attention.grouped_masked_sdpa`, which the drafter's dense path uses too):
-the same softmax per query row, the same output, reading each key/value head once. HF does
-this itself for a single query token (`pack_gqa`), not for the 16 of a verify step."""
+(`trainer.model.attention.grouped_masked_sdpa`): the same softmax per query row, the same
+output, reading each key/value head once. HF does this itself for a single query token
+(`pack_gqa`), not for the 16 of a verify step."""
 
 from __future__ import annotations
 
