@@ -206,36 +206,12 @@ def make_block_mask(
     )
 
 
-def grouped_masked_sdpa(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float | None = None, dropout: float = 0.0
-) -> Tensor:
-    """SDPA with a mask shared by all heads (bool or additive, [B or 1, 1, Q or 1, KV]) for
-    grouped-query heads (q [B, Hq, Q, D], k and v [B, Hkv, KV, D]), returning [B, Hq, Q, Dv]:
-    the target's masked verify (targets/grouped_attention.py), where HF would otherwise
-    repeat every key/value head to each query head over the whole slot cache. Here the
-    query heads that share a key/value head are laid side by side as one longer query,
-    [B, Hkv, group * Q, D], and the mask's rows are tiled to match: the same softmax per
-    query row, each key/value head read once, and a fused kernel. Query head h reads
-    key/value head h // group, as `enable_gqa` and HF's `repeat_kv` order them."""
-    B, Hq, Q, D = q.shape
-    Hkv = k.shape[1]
-    group = Hq // Hkv
-    grouped = q.reshape(B, Hkv, group * Q, D)  # row j*Q + l: head Hkv*.. + j, position l
-    tiled = mask if mask.shape[2] == 1 else mask.repeat(1, 1, group, 1)
-    out = F.scaled_dot_product_attention(
-        grouped, k, v, attn_mask=tiled, dropout_p=dropout, scale=scale
-    )
-    return out.reshape(B, Hq, Q, v.shape[-1])
-
-
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: DenseMask | Any | None) -> Tensor:
     """q [B, Hq, Q, D]; k, v [B, Hkv, KV, D] (GQA when Hq > Hkv). mask None = full attention."""
     gqa = q.shape[1] != k.shape[1]
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     if isinstance(mask, DenseMask):
-        # SDPA's own GQA, not `grouped_masked_sdpa`: the eval's drafter on the H100 ran on
-        # cuDNN's kernel either way (bench/README.md, issue 31: no change in its kernels).
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.mask, enable_gqa=gqa)
         return out.masked_fill(mask.empty_rows, 0.0)
     return compiled_flex_attention()(

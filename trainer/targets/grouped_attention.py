@@ -6,19 +6,18 @@ there). The held-out eval's verify step gives a mask over its slot cache (every 
 slots), so each of its forwards copied the whole cache, 4x, in every layer: on the H200,
 668 of the graphed eval's 1,924 ms of kernels (8B shape, `bench/eval_bench.py --profile`).
 
-Here the query heads that share a key/value head are laid side by side as one longer query
-(`trainer.model.attention.grouped_masked_sdpa`): the same softmax per query row, the same
-output, reading each key/value head once. HF does this itself for a single query token
-(`pack_gqa`), not for the 16 of a verify step."""
+Here the query heads that share a key/value head are laid side by side as one longer query,
+[B, kv heads, group * L, D], and the mask is tiled to match: the same softmax per query row,
+the same output, reading each key/value head once. HF does this itself for a single query
+token (`pack_gqa`), not for the 16 of a verify step."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-
-from trainer.model.attention import grouped_masked_sdpa
 
 
 def grouped_query_applies(query: Tensor, key: Tensor, mask: Tensor | None) -> bool:
@@ -41,9 +40,17 @@ def grouped_query_sdpa(
     scaling: float | None = None,
     dropout: float = 0.0,
 ) -> Tensor:
-    """HF's attention output layout, [B, L, Hq, Dv]."""
-    out = grouped_masked_sdpa(query, key, value, mask, scaling, dropout)
-    return out.transpose(1, 2).contiguous()
+    """HF's attention output layout, [B, L, Hq, Dv]. Query head h reads key/value head
+    h // group, as `repeat_kv` orders them."""
+    B, Hq, L, D = query.shape
+    Hkv = key.shape[1]
+    group = Hq // Hkv
+    q = query.reshape(B, Hkv, group * L, D)  # rows j*L + l: head Hkv*.. + j, position l
+    tiled = mask.repeat(1, 1, group, 1)  # row j*L + l gets position l's mask
+    out = F.scaled_dot_product_attention(
+        q, key, value, attn_mask=tiled, dropout_p=dropout, scale=scaling
+    )
+    return out.reshape(B, Hq, L, value.shape[-1]).transpose(1, 2).contiguous()
 
 
 def grouped_or(
