@@ -170,52 +170,56 @@ def _dict_decoder(item_tp: Any) -> Decoder:
     return a_dict
 
 
+def _expected(value: Any, where: str, what: str) -> Invalid:
+    return Invalid(f"{where or 'value'}: expected {what}, got {_type_name(value)}")
+
+
+def _null(value: Any, where: str, _lenient: bool) -> Any:
+    if value is not None:
+        raise _expected(value, where, "null")
+    return None
+
+
+def _bool(value: Any, where: str, _lenient: bool) -> Any:
+    if not isinstance(value, bool):
+        raise _expected(value, where, "true/false")
+    return value
+
+
+def _int(value: Any, where: str, _lenient: bool) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _expected(value, where, "int")
+    return value
+
+
+def _float(value: Any, where: str, _lenient: bool) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _expected(value, where, "a number")
+    try:
+        return float(value)
+    except OverflowError:  # an integer of 309 digits or more: no float holds it
+        raise Invalid(
+            f"{where or 'value'}: an integer of {int(value).bit_length()} bits: too large"
+        ) from None
+
+
+def _str(value: Any, where: str, _lenient: bool) -> Any:
+    if not isinstance(value, str):
+        raise _expected(value, where, "a string")
+    if len(value) > MAX_STR:
+        raise Invalid(f"{where or 'value'}: string of {len(value)} characters (at most {MAX_STR})")
+    return value
+
+
+_SCALARS: dict[Any, Decoder] = {type(None): _null, bool: _bool, int: _int, float: _float, str: _str}
+
+
 def _scalar_decoder(tp: Any) -> Decoder:
-    def kind(value: Any, where: str, what: str) -> Invalid:
-        return Invalid(f"{where or 'value'}: expected {what}, got {_type_name(value)}")
-
-    def none(value: Any, where: str, _lenient: bool) -> Any:
-        if value is not None:
-            raise kind(value, where, "null")
-        return None
-
-    def a_bool(value: Any, where: str, _lenient: bool) -> Any:
-        if not isinstance(value, bool):
-            raise kind(value, where, "true/false")
-        return value
-
-    def an_int(value: Any, where: str, _lenient: bool) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise kind(value, where, "int")
-        return value
-
-    def a_float(value: Any, where: str, _lenient: bool) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise kind(value, where, "a number")
-        try:
-            return float(value)
-        except OverflowError:  # an integer of 309 digits or more: no float holds it
-            raise Invalid(
-                f"{where or 'value'}: an integer of {int(value).bit_length()} bits: too large"
-            ) from None
-
-    def a_str(value: Any, where: str, _lenient: bool) -> Any:
-        if not isinstance(value, str):
-            raise kind(value, where, "a string")
-        if len(value) > MAX_STR:
-            raise Invalid(
-                f"{where or 'value'}: string of {len(value)} characters (at most {MAX_STR})"
-            )
-        return value
-
     def unknown(_value: Any, where: str, _lenient: bool) -> Any:
         name = where or "value"
         raise TypeError(f"{name}: the contract has no decoder for {tp!r}")  # a bug in a record
 
-    known: dict[Any, Decoder] = {
-        type(None): none, bool: a_bool, int: an_int, float: a_float, str: a_str
-    }  # fmt: skip
-    return known.get(tp, unknown)
+    return _SCALARS.get(tp, unknown)
 
 
 def _record_decoder(cls: type) -> Decoder:
