@@ -53,6 +53,7 @@ from trainer.evaluation.speculative import (
     layer_features,
 )
 from trainer.model.attention import DenseMask
+from trainer.model.vocab_logits import no_logits, target_logits
 from trainer.targets.packing import install_packed_attention
 
 # Rows prefilled in one forward: at most this many prompt tokens (HF returns every layer's
@@ -202,6 +203,7 @@ class BatchedDecoder:
         self.write, self.last_write = self.inputs[3 * B :].view(2, block_size)
         self.block = torch.arange(block_size, device=dev)
         self.all_slots = torch.arange(self.slots, device=dev)
+        self.no_logits = no_logits(dev)  # logits come from vocab_logits' GEMM instead
         self.graph = graph
         if graph is not None:
             graph.bind(self._step)
@@ -223,13 +225,14 @@ class BatchedDecoder:
         self.cache.write = self.write
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=self._mask_arg(mask),
-            use_cache=True, output_hidden_states=True, **{self.cache_arg: self.cache},
-            **self.attention_kwargs,
+            use_cache=True, output_hidden_states=True, logits_to_keep=self.no_logits,
+            **{self.cache_arg: self.cache}, **self.attention_kwargs,
         )  # fmt: skip
         ctx = self.proposer.context(layer_features(out.hidden_states, self.layer_ids))
         self._context().index_copy_(1, self.write, ctx)
         self.ctx_positions.index_copy_(1, self.write, positions)
-        return torch.cat([drafts, out.logits.argmax(-1)], dim=1)
+        greedy = target_logits(self.model, out.hidden_states).argmax(-1)
+        return torch.cat([drafts, greedy], dim=1)
 
     def _context(self) -> Tensor:
         assert self.ctx is not None, "prefill makes the context"

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.model.vocab_logits import no_logits, target_logits
+
 # (context features [L, n*H], anchor token, anchor position) -> block_size - 1 draft tokens
 Proposer = Callable[[Tensor, int, int], list[int]]
 
@@ -161,6 +163,7 @@ class CachedTarget:
         self._verified: Any = None  # the cache that saw the whole block (a copy, for hybrids)
         self._block: list[int] = []
         self._cache_arg = cache_argument(model)
+        self.no_logits = no_logits(self.device)  # verify's logits: vocab_logits' one GEMM
 
     def _forward(self, ids: list[int], cache: Any, **kw: Any) -> tuple[Any, Any]:
         """(the model's output, the cache it leaves)."""
@@ -185,10 +188,10 @@ class CachedTarget:
     def verify(self, block: list[int]) -> tuple[list[int], Tensor]:
         """(greedy[k]: the target's token after block[: k + 1], the block's features)."""
         cache = copy.deepcopy(self.cache) if self.copy_to_roll_back else self.cache
-        out, self._verified = self._forward(block, cache)
+        out, self._verified = self._forward(block, cache, logits_to_keep=self.no_logits)
         self._block = block
         feats = layer_features(out.hidden_states, self.layer_ids)[0]
-        return out.logits[0].argmax(-1).tolist(), feats
+        return target_logits(self.model, out.hidden_states)[0].argmax(-1).tolist(), feats
 
     @torch.no_grad()
     def accept(self, n: int) -> None:

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from trainer.evaluation.speculative import DecodeStats, has_linear_attention, layer_features
+from trainer.model.vocab_logits import no_logits, target_logits
 
 # (context features [L, n*H], anchor token, anchor position) -> log-probs [block_size-1, V]
 LogProbProposer = Callable[[Tensor, int, int], Tensor]
@@ -184,6 +185,7 @@ class TreeTarget:
         # transformers 5.24 renamed `past_key_values` to `cache`; 5.17 knows only the old one
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.no_logits = no_logits(self.device)  # verify's logits: vocab_logits' one GEMM
 
     def _forward(self, ids: list[int], **kw: Any) -> Any:
         kw[self._cache_arg] = self.cache
@@ -213,11 +215,12 @@ class TreeTarget:
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         positions = n + torch.tensor([tree.depths], device=self.device)
         out = self._forward(
-            tree.tokens, attention_mask=mask.to(self.device), position_ids=positions
-        )
+            tree.tokens, attention_mask=mask.to(self.device), position_ids=positions,
+            logits_to_keep=self.no_logits,
+        )  # fmt: skip
         self._tree_len = t
         feats = layer_features(out.hidden_states, self.layer_ids)[0]
-        return out.logits[0].argmax(-1).tolist(), feats
+        return target_logits(self.model, out.hidden_states)[0].argmax(-1).tolist(), feats
 
     @torch.no_grad()
     def keep(self, path: list[int]) -> None:

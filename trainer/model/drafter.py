@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trainer.model.attention import attend
+from trainer.model.vocab_logits import vocab_logits
 
 
 @dataclass(frozen=True)
@@ -222,4 +223,4 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.lm_head_weight.t()
+        return vocab_logits(hidden, self.lm_head_weight)
