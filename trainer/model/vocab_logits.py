@@ -6,10 +6,13 @@ Left to `hidden @ W.t()` or HF's `lm_head(hidden)`, an H100's cuBLAS took 3.5 ms
 `bmm` with the weight expanded per row (1.7 ms); reading the weight once takes ~0.4 ms
 (bench/logits_gemm.py measures the forms; bench/results-eval/h100-1207-* the profile).
 
-`vocab_logits` flattens the rows into one contiguous [N, H] matrix and computes the product
-with the weight as the GEMM's first operand (out^T = W @ h^T), the form the micro-bench found
-to read it once. For the target, HF computes logits inside its forward: `NO_LOGITS` asks it for
-none (`logits_to_keep` as an empty index), and `target_logits` makes them from the final-normed
+`vocab_logits` flattens the rows into one contiguous [N, H] matrix (no expanded `bmm`) and
+computes the product with the weight as the GEMM's first operand (out^T = W @ h^T), so that
+cuBLAS tiles the vocabulary, not the few rows. Not yet timed on a GPU: no machine came on
+12-07 evening; bench/logits_gemm.py is the check, and the form to change if another wins.
+
+For the target, HF computes logits inside its forward: `no_logits` asks it for none
+(`logits_to_keep` as an empty index), and `target_logits` makes them from the final-normed
 hidden state it returns anyway.
 """
 
