@@ -82,7 +82,11 @@ def main() -> int:
     # run: left to the default action, the tiny run trained on, unseen, until killed by hand.
     # KeyboardInterrupt: hypothesis passes it straight on (any other exception it would
     # try to reproduce, example by example).
+    # SIGINT too: a shell without job control starts a background job (`cmd &`) with SIGINT
+    # ignored, and Python keeps an ignored SIGINT ignored, so a bench run that way shrugged
+    # off its first ^C / `kill -INT`.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     target, _ = start_run(work / "remote")
     live: LiveApp | None = None
     t0 = time.monotonic()
