@@ -15,37 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from gpu_bench import timed  # noqa: E402  (bench/: median seconds, CUDA events on a GPU)
 
 ROWS: list[tuple[str, str, str, str]] = []
-
-
-def timed(fn: Callable[[], torch.Tensor], device: torch.device, calls: int) -> float:
-    """Median ms of one call (CPU: wall clock)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(calls):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
-
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def kernel_of(fn: Callable[[], torch.Tensor]) -> str:
@@ -127,8 +109,12 @@ def main() -> int:
             for name, fn in variants(h, w).items():
                 out = fn()
                 err = (out.float() - reference.reshape(out.shape).float()).abs().max().item()
-                eager = timed(fn, device, args.calls)
-                graph = timed(graphed(fn), device, args.calls) if device.type == "cuda" else None
+                eager = timed(fn, args.calls, 3, device) * 1e3
+                graph = (
+                    timed(graphed(fn), args.calls, 3, device) * 1e3
+                    if device.type == "cuda"
+                    else None
+                )
                 kernel = kernel_of(fn) if device.type == "cuda" and backend == "default" else ""
                 if kernel:
                     print(f"  kernel: {kernel}", flush=True)
