@@ -139,6 +139,25 @@ def test_sigusr1_taken_by_a_native_library_is_put_back(start_trainer):
     assert p.wait() == 0
 
 
+def test_a_storm_of_sigusr1s_then_a_sigterm_still_stops_the_run(start_trainer):
+    """The handlers used to write the log line themselves, under the log's lock: a SIGUSR1
+    landing while the previous one's line was being written waited on its own thread's lock
+    for ever, and the SIGTERM after it never stopped the run (CI, 12-07). Every dump is
+    whole and said once in train.log."""
+    p = start_trainer(*LONG)
+    p.wait_step(3)
+    for _ in range(300):
+        p.signal(signal.SIGUSR1)
+        time.sleep(0.002)
+    p.signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 0
+    dumps = sorted(d.name for d in p.run_dir.glob("stacks-2*.txt"))
+    assert dumps and all("# faulthandler" in (p.run_dir / d).read_text() for d in dumps)
+    said = [x for x in p.read("train.log").splitlines() if "SIGUSR1: thread stacks" in x]
+    assert sorted(x.rsplit(" ", 1)[1] for x in said) == dumps
+    assert p.heartbeat()["phase"] == "stopped"
+
+
 def test_sigterm_finishes_the_step_checkpoints_and_exits_zero(start_trainer):
     p = start_trainer(*LONG)
     p.wait_step(4)

@@ -152,10 +152,8 @@ class Run:
         return self._devices
 
     def _on_stop(self, signame: str) -> None:
-        # A signal handler, re-entered by every SIGTERM of a storm while the first still
-        # waits for a lock (the log's, an Event's): only the first may take locks. Without
-        # this plain flag, set before any lock, each nested one logged again, into a
-        # RecursionError that crashed a clean stop (CI, SIGTERMs 5 ms apart).
+        # Called on the signals thread (trainer/runtime/signals.py), once per pass of a storm
+        # of SIGTERMs: the first one is said, the rest would only repeat it.
         if self._stop_said:
             return
         self._stop_said = True

@@ -6,8 +6,14 @@
   SIGTERM  finish the current step, checkpoint, exit 0.
   SIGINT   as SIGTERM.
 
-Python runs signal handlers on the main thread; the main thread only supervises (it waits on
-events with timeouts), so a handler runs within milliseconds.
+Python runs signal handlers on the main thread, between any two of its bytecodes, and runs a
+second one inside the first. A handler that took a lock (the log's, an Event's, the run
+state's) deadlocked whenever the main thread already held it, in its own code or in the
+handler the second signal interrupted (CI: a SIGUSR1 landing while the first one's log line
+was being written, then the SIGTERM, and the run never stopped). So the handlers only put the
+request on a SimpleQueue (whose put is reentrant: made for this) and a "signals" thread,
+which no handler interrupts, does the work. The main thread only supervises (it waits on
+events with timeouts), so a request is served within milliseconds.
 
 A native library may take these signals from under Python (on the GPU, Triton's in-process
 LLVM takes SIGUSR1 and swallows it: see trainer/runtime/sigaction.py). A guard thread compares the
@@ -18,6 +24,7 @@ library took them.
 from __future__ import annotations
 
 import faulthandler
+import queue
 import signal
 import sys
 import threading
@@ -72,8 +79,12 @@ class SignalHandlers:
         self._ours: dict[int, sigaction.Disposition] = {}
         self._guard_stop = threading.Event()
         self._guard_lock = threading.Lock()  # a guard pass never undoes ignore_stops
+        # What the handlers asked for: "dump", or the name of a stop signal.
+        self._requests: queue.SimpleQueue[str] = queue.SimpleQueue()
 
     def install(self) -> None:
+        # The thread first: a signal that comes at once is served.
+        threading.Thread(target=self._serve, name="signals", daemon=True).start()
         signal.signal(signal.SIGUSR1, self._dump)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
@@ -121,6 +132,30 @@ class SignalHandlers:
                 signal.signal(sig, signal.SIG_IGN)
 
     def _dump(self, _signum: int, _frame: FrameType | None) -> None:
+        self._requests.put("dump")  # reentrant; nothing else here (the module's docstring)
+
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
+        self._requests.put(signal.Signals(signum).name)
+
+    def _serve(self) -> None:
+        """The handlers' work, one request at a time. The requests queued behind one are taken
+        with it: a storm of SIGUSR1s writes one dump per pass, not a backlog of thousands."""
+        while True:
+            asked = {self._requests.get()}
+            while True:
+                try:
+                    asked.add(self._requests.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                for name in sorted(asked - {"dump"}):
+                    self.on_stop(name)
+                if "dump" in asked:
+                    self.on_dump(self.write_dump())
+            except Exception:  # a full disk, say: said, and the next signal is still served
+                traceback.print_exc()
+
+    def write_dump(self) -> Path:
         path = stacks_path(self.run_dir)
         with open(path, "w") as f:
             write_named_stacks(f, self.roles())
@@ -128,7 +163,4 @@ class SignalHandlers:
             f.write("# faulthandler\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
-        self.on_dump(path)
-
-    def _stop(self, signum: int, _frame: FrameType | None) -> None:
-        self.on_stop(signal.Signals(signum).name)
+        return path
