@@ -25,17 +25,15 @@ import json
 import os
 import signal
 import site
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests")]
 
-from monitor_bench import STEP, TrainingHost, pct  # noqa: E402
+from monitor_bench import TrainingHost, pct, timed_lines  # noqa: E402
 
 SLOW_MS = 5.0
 PROBE = """# bench/latency_causes.py --gc-probe: removed when the bench ends
@@ -71,58 +69,6 @@ def renice_group(pgid: int, nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
 
 
-def timed_lines(host: TrainingHost, first: int, n: int, every_s: float, env: dict) -> dict:
-    """n step lines appended, each timed to the headless output: {line: (sent, ms)}."""
-    assert host.run_dir is not None
-    home = host.tmp / f"home-{first}"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(host.server.ssh_config.read_text())
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "dflash_tui", "gpu-box", "--remote-dir", str(host.remote)),
-            *("--pct", "200", "--python", sys.executable, "--headless", "--interval", "3600"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**env, "HOME": str(home), "NO_COLOR": "1"},
-        bufsize=1,
-    )
-    got: dict[int, float] = {}
-    following, done = threading.Event(), threading.Event()
-
-    def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            t = time.perf_counter()
-            if " step=" in line:
-                following.set()
-                i = int(line.split(" step=")[1].split()[0])
-                if i >= first:
-                    got[i] = t
-                    if len(got) >= n:
-                        done.set()
-                        return
-
-    threading.Thread(target=reader, daemon=True).start()
-    sent: dict[int, float] = {}
-    try:
-        if not following.wait(90):
-            raise RuntimeError("the headless showed no step line in 90 s")
-        time.sleep(2.0)  # past the first follow's burst
-        with open(host.run_dir / "train.log", "a", buffering=1) as f:
-            for i in range(first, first + n):
-                sent[i] = time.perf_counter()
-                f.write(STEP.format(i=i) + "\n")
-                f.flush()
-                time.sleep(every_s)
-        done.wait(30)
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    return {i: (sent[i], (got[i] - sent[i]) * 1e3) for i in sent if i in got}
-
-
 def gc_passes(probe: Path) -> list[tuple[float, float, int, int]]:
     """(end, ms, generation, pid) of every logged pass."""
     out = []
@@ -135,21 +81,21 @@ def gc_passes(probe: Path) -> list[tuple[float, float, int, int]]:
 
 def one_run(host: TrainingHost, mode: str, first: int, n: int, every_s: float, probe: Path | None):
     pgid = json.loads((host.run_dir / "launch.json").read_text())["pgid"]  # type: ignore[operator]
-    env = {**os.environ, **({"DFLASH_GC_PROBE": str(probe)} if probe else {})}
+    extra_env = {"DFLASH_GC_PROBE": str(probe)} if probe else {}
     if mode.startswith("nice:"):
         renice_group(pgid, int(mode.split(":")[1]))
     elif mode == "stopped":
         os.killpg(pgid, signal.SIGSTOP)
-    load = [round(x, 2) for x in os.getloadavg()]
     try:
-        lines = timed_lines(host, first, n, every_s, env)
+        lines, load = timed_lines(host, ROOT, first, n, every_s, extra_env)
     finally:
         if mode == "stopped":
             os.killpg(pgid, signal.SIGCONT)
         elif mode.startswith("nice:"):
             renice_group(pgid, 0)
-    lat = sorted(ms for _, ms in lines.values())
-    slow = sorted((sent, ms) for sent, ms in lines.values() if ms > SLOW_MS)
+    came = [(sent, ms) for sent, ms in lines.values() if ms is not None]
+    lat = sorted(ms for _, ms in came)
+    slow = sorted((sent, ms) for sent, ms in came if ms > SLOW_MS)
     row = {
         "mode": mode,
         "lines": len(lat),

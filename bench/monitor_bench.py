@@ -166,10 +166,18 @@ class TrainingHost:
             self.server.stop()
 
 
-def latency_run(host: TrainingHost, code: Path, first_step: int, n: int, every_s: float) -> dict:
+def timed_lines(
+    host: TrainingHost,
+    code: Path,
+    first_step: int,
+    n: int,
+    every_s: float,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[dict[int, tuple[float, float | None]], list[float]]:
     """One `dflash-tui --headless` of `code` over the host's sshd and pct, following the
-    training run: ms from appending each of n step lines (numbered from first_step, far
-    above the trainer's own) to train.log to reading it on the headless output."""
+    training run; n step lines (numbered from first_step, far above the trainer's own)
+    appended to train.log: ({line: (perf_counter when sent, ms to the headless output, None
+    if it never came)}, the load average just before the first was sent)."""
     assert host.run_dir is not None
     home = host.tmp / f"home-{first_step}"
     (home / ".ssh").mkdir(parents=True)
@@ -183,7 +191,7 @@ def latency_run(host: TrainingHost, code: Path, first_step: int, n: int, every_s
         stdout=subprocess.PIPE,
         text=True,
         cwd=code,
-        env=env,
+        env={**env, **(extra_env or {})},
         bufsize=1,
     )
     got: dict[int, float] = {}
@@ -221,12 +229,18 @@ def latency_run(host: TrainingHost, code: Path, first_step: int, n: int, every_s
     finally:
         proc.terminate()
         proc.wait(10)
-    lat = [(got[i] - sent[i]) * 1e3 for i in sent if i in got]
-    t0 = sent[first_step]
+    return {i: (t, (got[i] - t) * 1e3 if i in got else None) for i, t in sent.items()}, load
+
+
+def latency_run(host: TrainingHost, code: Path, first_step: int, n: int, every_s: float) -> dict:
+    """ms from appending each of n step lines to train.log to reading it on the headless
+    output of `code` (timed_lines), summed up."""
+    lines, load = timed_lines(host, code, first_step, n, every_s)
+    came = [(sent, ms) for sent, ms in lines.values() if ms is not None]
+    lat = [ms for _, ms in came]
+    t0 = lines[first_step][0]
     slow = [  # when (s into the run) the lines over 10 ms were sent: a stall's period
-        [round(sent[i] - t0, 2), round((got[i] - sent[i]) * 1e3, 1)]
-        for i in sent
-        if i in got and got[i] - sent[i] > 0.010
+        [round(sent - t0, 2), round(ms, 1)] for sent, ms in came if ms > 10.0
     ]
     return {
         "p50_ms": round(statistics.median(lat), 2),
